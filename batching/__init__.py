@@ -1,0 +1,62 @@
+"""Raybatch's batching engine: policies as pure state machines, the ledger, the embedded host.
+
+Never imports Ray: the same objects run inside a Ray actor, in-process
+(`BatchedService`) and in the simulator.
+"""
+
+from batching.dynamic import DynamicBatcher
+from batching.errors import (
+    BatchSizeMismatch,
+    Cancelled,
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelError,
+    QueueFull,
+    RaybatchError,
+    ServiceClosed,
+    WorkerDied,
+)
+from batching.latency import LatencyModel
+from batching.ledger import ItemFailed, Ledger, Outcome
+from batching.model import VectorTransformer
+from batching.policy import DynamicPolicy, QueuePolicy, TimeoutAction
+from batching.stats import BatchStats
+from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
+
+__all__ = [
+    "Batch",
+    "BatchSizeMismatch",
+    "BatchStats",
+    "BatchedService",
+    "Cancelled",
+    "DeadlineExceeded",
+    "DynamicBatcher",
+    "DynamicPolicy",
+    "Failure",
+    "FlushReason",
+    "InvalidRequest",
+    "ItemFailed",
+    "LatencyModel",
+    "Ledger",
+    "ModelError",
+    "Outcome",
+    "Part",
+    "QueueFull",
+    "QueuePolicy",
+    "RaybatchError",
+    "Request",
+    "RequestId",
+    "ServiceClosed",
+    "TimeoutAction",
+    "VectorTransformer",
+    "WorkerDied",
+]
+
+
+def __getattr__(name: str):
+    # The embedded host pulls in asyncio and multiprocessing; load it on first use.
+    if name == "BatchedService":
+        from batching.service import BatchedService
+
+        return BatchedService
+    raise AttributeError(f"module 'batching' has no attribute {name!r}")

@@ -1,0 +1,67 @@
+"""The exceptions Raybatch puts on request futures, in one small hierarchy.
+
+Errors are raised (or set on a future), never returned as values. Each class
+carries the HTTP status the ingress maps it to, so the mapping lives in one
+place (`http_status`) instead of being re-derived at every edge.
+"""
+
+from __future__ import annotations
+
+
+class RaybatchError(Exception):
+    """Base class of every error Raybatch raises on purpose."""
+
+    http_status: int = 500
+
+
+class InvalidRequest(RaybatchError, ValueError):
+    """The request itself is malformed: fixing the request fixes it."""
+
+    http_status = 400
+
+
+class QueueFull(RaybatchError):
+    """The queue of the request's priority level holds `max_queue_size` requests."""
+
+    http_status = 429
+
+
+class DeadlineExceeded(RaybatchError, TimeoutError):
+    """The request's deadline passed before it could be run; it never reached a model."""
+
+    http_status = 504
+
+
+class Cancelled(RaybatchError):
+    """The request was cancelled by its caller before it finished."""
+
+    http_status = 499
+
+
+class ServiceClosed(RaybatchError):
+    """The service stopped before the request could run."""
+
+    http_status = 503
+
+
+class WorkerDied(RaybatchError):
+    """The process or actor running the model died with this request in flight."""
+
+    http_status = 503
+
+
+class BatchSizeMismatch(RaybatchError):
+    """A model returned a different number of results than the batch had items."""
+
+    http_status = 500
+
+
+class ModelError(RaybatchError):
+    """The model raised while running a batch; only that batch's requests fail."""
+
+    http_status = 500
+
+
+def http_status(error: BaseException) -> int:
+    """The HTTP status code for `error`: its class's, or 500 for anything unexpected."""
+    return getattr(error, "http_status", 500)

@@ -1,0 +1,72 @@
+"""The model interface: a vectorized transform with hooks around it.
+
+A `VectorTransformer` sees whole batches: `preprocess(items)` turns the batch's
+items into model input, `transform(pre)` runs the model once for all of them,
+`postprocess(pre, out)` turns the output into one result per item. The host
+calls `setup(device)` once, in the process that will run the model, before the
+first batch, so heavy state (weights, CUDA contexts) is created there.
+
+The number of results must equal the number of items: anything else fails the
+batch with `BatchSizeMismatch`. To fail one item only, put `ItemFailed(error)`
+in its place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Transformer(Protocol):
+    """What hosts rely on; subclass `VectorTransformer` rather than implementing this."""
+
+    def setup(self, device: str) -> None: ...
+    def preprocess(self, items: Sequence[Any]) -> Any: ...
+    def transform(self, pre: Any) -> Any: ...
+    def postprocess(self, pre: Any, out: Any) -> Sequence[Any]: ...
+
+
+class VectorTransformer:
+    """Base class of batched models.
+
+    >>> class Square(VectorTransformer):
+    ...     def transform(self, xs):
+    ...         return [x * x for x in xs]
+    >>> Square()([1, 2, 3])
+    [1, 4, 9]
+    """
+
+    device: str = "cpu"
+
+    def setup(self, device: str) -> None:
+        """Called once before the first batch, with "cpu" or "cuda:N"."""
+        self.device = device
+
+    def preprocess(self, items: Sequence[Any]) -> Any:
+        return items
+
+    def transform(self, pre: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement transform(pre)")
+
+    def postprocess(self, pre: Any, out: Any) -> Sequence[Any]:
+        return out
+
+    def __call__(self, items: Sequence[Any]) -> Sequence[Any]:
+        pre = self.preprocess(items)
+        return self.postprocess(pre, self.transform(pre))
+
+
+def as_batch(items: Sequence[Any]) -> Any:
+    """Items as one array with a leading batch dimension when they are array-like.
+
+    Several arrays (from requests of many items, or single items of one shape)
+    become one contiguous array; other items stay a list.
+    """
+    if isinstance(items, np.ndarray):
+        return items
+    if items and all(isinstance(x, np.ndarray) for x in items):
+        return np.stack(items)
+    return list(items)

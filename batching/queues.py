@@ -1,0 +1,100 @@
+"""The queue of one priority level: earliest deadline first, then delayed requests.
+
+Requests without a deadline sort as deadline = +inf, after every request that
+has one, in arrival order (the sequence number breaks ties), so a level with no
+timeouts is plain FIFO. A request whose timeout passed under
+`timeout_action=delay` moves to `delayed` and is served after every unexpired
+request of its level. Removal (cancel, expiry, full dispatch) is lazy in the
+heap: the entry is flagged and skipped when it surfaces.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+
+from batching.types import Request
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """A queued request and how much of it is still waiting to be dispatched."""
+
+    request: Request
+    level: int
+    arrival_s: float
+    deadline_s: float  # math.inf when the request has no deadline
+    seq: int
+    cum_cost: list[float] | None  # prefix sums of item costs; None: every item costs 1
+    offset: int = 0  # first item not yet dispatched
+    delayed: bool = False
+    removed: bool = False
+
+    @property
+    def remaining_items(self) -> int:
+        return self.request.num_items - self.offset
+
+    def cost(self, start: int, stop: int) -> float:
+        if self.cum_cost is None:
+            return float(stop - start)
+        return self.cum_cost[stop] - self.cum_cost[start]
+
+    @property
+    def remaining_cost(self) -> float:
+        return self.cost(self.offset, self.request.num_items)
+
+    def fit(self, room_items: int, room_cost: float) -> int:
+        """How many of the remaining items fit in `room_items` items and `room_cost` cost."""
+        k = min(self.remaining_items, room_items)
+        if self.cum_cost is None:
+            return min(k, int(room_cost + 1e-9)) if room_cost != math.inf else k
+        limit = self.cum_cost[self.offset] + room_cost + 1e-9
+        return bisect_right(self.cum_cost, limit, self.offset, self.offset + k + 1) - 1 - self.offset
+
+
+@dataclass(slots=True)
+class LevelQueue:
+    live: list[tuple[float, int, Entry]] = field(default_factory=list)
+    delayed: deque[Entry] = field(default_factory=deque)
+    count: int = 0  # requests queued here, partly dispatched ones included
+
+    def push(self, entry: Entry) -> None:
+        heapq.heappush(self.live, (entry.deadline_s, entry.seq, entry))
+        self.count += 1
+
+    def head(self) -> Entry | None:
+        """The next entry to dispatch, skipping removed ones."""
+        live, delayed = self.live, self.delayed
+        while live and live[0][2].removed:
+            heapq.heappop(live)
+        if live:
+            return live[0][2]
+        while delayed and delayed[0].removed:
+            delayed.popleft()
+        return delayed[0] if delayed else None
+
+    def pop_head(self) -> None:
+        """Drop the entry `head()` returned (it was fully dispatched)."""
+        if self.live:
+            heapq.heappop(self.live)
+        else:
+            self.delayed.popleft()
+
+    def earliest_deadline(self) -> float:
+        live = self.live
+        while live and live[0][2].removed:
+            heapq.heappop(live)
+        return live[0][0] if live else math.inf
+
+    def pop_expired(self, now: float) -> list[Entry]:
+        """Entries of `live` whose deadline is at or before `now`, earliest first."""
+        out = []
+        live = self.live
+        while live and (live[0][2].removed or live[0][0] <= now):
+            entry = heapq.heappop(live)[2]
+            if not entry.removed:
+                out.append(entry)
+        return out
