@@ -1,0 +1,152 @@
+"""Where the embedded host's model runs: a child process (default) or a thread.
+
+Both present the same seam to `BatchedService`: `start()` (returns once the
+model's `setup` finished, raising what it raised), `send(batch_id, items)`,
+`close()`, and a callback `on_message(msg)` invoked on the event loop with
+the worker's messages (see batching/worker.py). `on_exit(reason)` fires once
+if the worker dies. The process runner costs one pickle round trip per batch
+and buys true parallelism; the thread runner suits models that release the
+GIL, unpicklable models, and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from batching.errors import WorkerDied
+from batching.worker import instantiate, pack, portable, run_batch
+
+OnMessage = Callable[[tuple], None]
+OnExit = Callable[[str], None]
+
+
+class ProcessRunner:
+    def __init__(self, target: Any, args: tuple, kwargs: dict, device: str,
+                 env: dict[str, str] | None = None) -> None:
+        self._blob = pack(target, args, kwargs)
+        self._device = device
+        self._env = env or {}
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_message: OnMessage = lambda msg: None
+        self.on_exit: OnExit = lambda reason: None
+        self._exited = False
+
+    async def start(self, timeout_s: float) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, **self._env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "batching.worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), env=env,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+        self._conn.send((self._blob, self._device))
+        self._loop = asyncio.get_running_loop()
+        first = await self._loop.run_in_executor(None, self._first_message, timeout_s)
+        if first[0] == "setup_failed":
+            self.close()
+            raise first[1]
+        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+
+    def _first_message(self, timeout_s: float) -> tuple:
+        assert self._conn is not None and self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not self._conn.poll(0.05):
+            if self._proc.poll() is not None:
+                raise WorkerDied(f"model worker exited with code {self._proc.returncode} during setup")
+            if time.monotonic() > deadline:
+                self.close()
+                raise WorkerDied(f"model worker did not finish setup within {timeout_s} s")
+        return self._conn.recv()
+
+    def send(self, batch_id: int, items: Any) -> None:
+        assert self._conn is not None
+        self._conn.send((batch_id, items))
+
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while conn is not None and conn.poll():
+                self.on_message(conn.recv())
+        except (EOFError, OSError):
+            self._died()
+
+    def _died(self) -> None:
+        if self._exited:
+            return
+        self._exited = True
+        if self._loop is not None and self._conn is not None:
+            self._loop.remove_reader(self._conn.fileno())
+        code = self._proc.wait(timeout=5) if self._proc is not None else None
+        self.on_exit(f"model worker process exited with code {code}")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._exited = True
+        if self._conn is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._conn.fileno())
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+class ThreadRunner:
+    def __init__(self, target: Any, args: tuple, kwargs: dict, device: str,
+                 env: dict[str, str] | None = None) -> None:
+        self._factory = (target, args, kwargs)
+        self._device = device
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raybatch-model")
+        self._model: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.on_message: OnMessage = lambda msg: None
+        self.on_exit: OnExit = lambda reason: None
+
+    async def start(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+
+        def setup() -> Any:
+            model = instantiate(*self._factory)
+            model.setup(self._device)
+            return model
+
+        fut = self._loop.run_in_executor(self._pool, setup)
+        self._model = await asyncio.wait_for(fut, timeout_s)
+
+    def send(self, batch_id: int, items: Any) -> None:
+        self._pool.submit(self._run, batch_id, items)
+
+    def _run(self, batch_id: int, items: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            msg: tuple = ("ok", batch_id, run_batch(self._model, items), time.perf_counter() - t0)
+        except BaseException as e:
+            msg = ("err", batch_id, portable(e), time.perf_counter() - t0)
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self.on_message, msg)
+        except RuntimeError:
+            pass  # the loop closed under us: the host is gone
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+

@@ -1,0 +1,51 @@
+"""The `raybatch` command line: one entry point, one subcommand per job.
+
+Subcommands import what they need when they run, so `raybatch --help` is fast
+and a subcommand that needs Ray does not slow one that does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from cluster.demo import run_demo
+
+    return run_demo(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from batching import simulate
+
+    return simulate.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raybatch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
+    demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
+    demo.add_argument("--concurrency", type=int, default=64, help="concurrent clients")
+    demo.add_argument("--seconds", type=float, default=5.0, help="how long to send load")
+    demo.add_argument("--max-batch-size", type=int, default=64)
+    demo.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    demo.set_defaults(func=_demo)
+
+    sim = sub.add_parser("simulate", help="predict throughput and latency of a policy")
+    from batching import simulate
+
+    simulate.add_arguments(sim)
+    sim.set_defaults(func=_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
