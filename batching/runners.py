@@ -1,18 +1,17 @@
 """Where the embedded host's model runs: a child process (default) or a thread.
 
-Both present the same seam to `BatchedService`: `start()` (returns once the
-model's `setup` finished, raising what it raised), `send(batch_id, items)`,
-`close()`, and a callback `on_message(msg)` invoked on the event loop with
-the worker's messages (see batching/worker.py). `on_exit(reason)` fires once
-if the worker dies. The process runner costs one pickle round trip per batch
-and buys true parallelism; the thread runner suits models that release the
-GIL, unpicklable models, and tests.
+Both are `ReplicaClient`s for `BatchHost`: `start()` returns once the model's
+`setup` finished (raising what it raised), `run(items)` runs one batch and
+returns (results, compute_s), `close()` stops the worker. The process runner
+costs one pickle round trip per batch and buys true parallelism; the thread
+runner suits models that release the GIL, unpicklable models, and tests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import os
 import socket
 import subprocess
@@ -23,13 +22,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batching.errors import WorkerDied
-from batching.worker import instantiate, pack, portable, run_batch
-
-OnMessage = Callable[[tuple], None]
-OnExit = Callable[[str], None]
+from batching.host import ReplicaDied
+from batching.worker import instantiate, pack, run_batch
 
 
 class ProcessRunner:
+    name = "worker-process"
+
     def __init__(self, target: Any, args: tuple, kwargs: dict, device: str,
                  env: dict[str, str] | None = None) -> None:
         self._blob = pack(target, args, kwargs)
@@ -38,8 +37,9 @@ class ProcessRunner:
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.on_message: OnMessage = lambda msg: None
-        self.on_exit: OnExit = lambda reason: None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count()
+        self.on_exit: Callable[[str], None] = lambda reason: None
         self._exited = False
 
     async def start(self, timeout_s: float) -> None:
@@ -64,21 +64,34 @@ class ProcessRunner:
         deadline = time.monotonic() + timeout_s
         while not self._conn.poll(0.05):
             if self._proc.poll() is not None:
-                raise WorkerDied(f"model worker exited with code {self._proc.returncode} during setup")
+                code = self._proc.returncode
+                raise WorkerDied(f"model worker exited with code {code} during setup")
             if time.monotonic() > deadline:
                 self.close()
                 raise WorkerDied(f"model worker did not finish setup within {timeout_s} s")
         return self._conn.recv()
 
-    def send(self, batch_id: int, items: Any) -> None:
-        assert self._conn is not None
-        self._conn.send((batch_id, items))
+    async def run(self, items: Any) -> tuple[Any, float]:
+        if self._exited or self._conn is None or self._loop is None:
+            raise ReplicaDied("the model worker process is not running")
+        batch_id = next(self._ids)
+        fut = self._loop.create_future()
+        self._conn.send((batch_id, items))  # raises (unpicklable items) before registering
+        self._pending[batch_id] = fut
+        return await fut
 
     def _on_readable(self) -> None:
         conn = self._conn
         try:
             while conn is not None and conn.poll():
-                self.on_message(conn.recv())
+                kind, batch_id, payload, compute_s = conn.recv()
+                fut = self._pending.pop(batch_id)
+                if fut.done():
+                    continue
+                if kind == "ok":
+                    fut.set_result((payload, compute_s))
+                else:
+                    fut.set_exception(payload)
         except (EOFError, OSError):
             self._died()
 
@@ -89,7 +102,12 @@ class ProcessRunner:
         if self._loop is not None and self._conn is not None:
             self._loop.remove_reader(self._conn.fileno())
         code = self._proc.wait(timeout=5) if self._proc is not None else None
-        self.on_exit(f"model worker process exited with code {code}")
+        reason = f"model worker process exited with code {code}"
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ReplicaDied(reason))
+        self._pending.clear()
+        self.on_exit(reason)
 
     def close(self, timeout_s: float = 5.0) -> None:
         self._exited = True
@@ -111,42 +129,32 @@ class ProcessRunner:
 
 
 class ThreadRunner:
+    name = "worker-thread"
+
     def __init__(self, target: Any, args: tuple, kwargs: dict, device: str,
                  env: dict[str, str] | None = None) -> None:
         self._factory = (target, args, kwargs)
         self._device = device
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raybatch-model")
         self._model: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.on_message: OnMessage = lambda msg: None
-        self.on_exit: OnExit = lambda reason: None
+        self.on_exit: Callable[[str], None] = lambda reason: None
 
     async def start(self, timeout_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-
         def setup() -> Any:
             model = instantiate(*self._factory)
             model.setup(self._device)
             return model
 
-        fut = self._loop.run_in_executor(self._pool, setup)
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, setup)
         self._model = await asyncio.wait_for(fut, timeout_s)
 
-    def send(self, batch_id: int, items: Any) -> None:
-        self._pool.submit(self._run, batch_id, items)
+    async def run(self, items: Any) -> tuple[Any, float]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._call, items)
 
-    def _run(self, batch_id: int, items: Any) -> None:
+    def _call(self, items: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        try:
-            msg: tuple = ("ok", batch_id, run_batch(self._model, items), time.perf_counter() - t0)
-        except BaseException as e:
-            msg = ("err", batch_id, portable(e), time.perf_counter() - t0)
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self.on_message, msg)
-        except RuntimeError:
-            pass  # the loop closed under us: the host is gone
+        results = run_batch(self._model, items)
+        return results, time.perf_counter() - t0
 
     def close(self, timeout_s: float = 5.0) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-

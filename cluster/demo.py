@@ -45,12 +45,14 @@ async def _load(args: argparse.Namespace) -> dict:
         elapsed = time.perf_counter() - t0
         stats = svc.stats()
     lat = np.array(latencies) * 1e3
-    return {"requests": len(lat), "rps": len(lat) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "stats": stats}
+    return {"requests": len(lat), "rps": len(lat) / elapsed,
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "stats": stats}
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    print(f"raybatch demo: model={args.model}, {args.concurrency} clients for {args.seconds:.0f} s, "
+    print(f"raybatch demo: model={args.model}, {args.concurrency} clients "
+          f"for {args.seconds:.0f} s, "
           f"max_batch_size={args.max_batch_size}, max_queue_delay={args.max_queue_delay_ms} ms")
     r = asyncio.run(_load(args))
     s = r["stats"]

@@ -1,0 +1,278 @@
+"""`BatchHost`: the asyncio shell that runs a policy against a pool of replicas.
+
+Placement-agnostic: the embedded `BatchedService` gives it one local worker,
+the Ray batching actor gives it a pool of model-replica actors; both see the
+same `ReplicaClient` seam (`async run(items) -> (results, compute_s)`). The
+host alone reads the clock, arms the one timer at the policy's `deadline()`,
+and turns outcomes into futures.
+
+Dispatch: a batch goes to the replica with the fewest batches outstanding,
+at most `max_inflight` per replica (pipelining: the next batch waits at the
+replica while the current one runs). A replica that dies (`ReplicaDied`) is
+removed; its batches are retried once on another replica, then fail with
+`WorkerDied`. A request ends exactly once: the ledger drops late parts.
+Every submit of one event-loop tick is batched together (the pump runs once
+per tick), which costs no added wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from batching.dynamic import DynamicBatcher
+from batching.errors import Cancelled, ServiceClosed, WorkerDied
+from batching.ledger import Ledger, Outcome
+from batching.policy import DynamicPolicy
+from batching.types import Batch, Request, RequestId
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaDied(Exception):
+    """Raised by a ReplicaClient when the replica is gone (the batch may be retried)."""
+
+
+class ReplicaClient(Protocol):
+    name: str
+
+    async def run(self, items: Any) -> tuple[Any, float]:
+        """Run one batch; returns (results, compute seconds). Raises the model's error,
+        or ReplicaDied when the replica itself is gone."""
+        ...
+
+
+class _Slot:
+    __slots__ = ("client", "inflight")
+
+    def __init__(self, client: ReplicaClient) -> None:
+        self.client = client
+        self.inflight = 0
+
+
+class BatchHost:
+    def __init__(self, policy: DynamicPolicy, *, max_inflight: int = 2,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_replica_died: Callable[[ReplicaClient], None] | None = None) -> None:
+        self.policy = policy
+        self.engine = DynamicBatcher(policy)
+        self.ledger = Ledger(policy.preserve_ordering)
+        self.max_inflight = max_inflight
+        self._clock = clock
+        self._on_replica_died = on_replica_died or (lambda client: None)
+        self._slots: list[_Slot] = []
+        self._futures: dict[RequestId, asyncio.Future] = {}
+        self._requests: dict[RequestId, Request] = {}
+        self._inflight: dict[int, Batch] = {}
+        self._retried: set[int] = set()
+        self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
+        self._loop = asyncio.get_running_loop()
+        self._pump_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.closed_reason: str | None = None
+
+    # -- replicas -------------------------------------------------------------------------
+    @property
+    def replicas(self) -> list[ReplicaClient]:
+        return [s.client for s in self._slots]
+
+    def add_replica(self, client: ReplicaClient) -> None:
+        slot = _Slot(client)
+        self._slots.append(slot)
+        while self._parked and slot.inflight < self.max_inflight:
+            self._send(self._parked.pop(0), slot)
+        self._schedule_pump()
+
+    def remove_replica(self, client: ReplicaClient) -> None:
+        """Stop sending to `client`; its outstanding batches finish or fail on their own."""
+        self._slots = [s for s in self._slots if s.client is not client]
+
+    def outstanding(self, client: ReplicaClient) -> int:
+        return next((s.inflight for s in self._slots if s.client is client), 0)
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, request: Request) -> asyncio.Future:
+        """Queue `request` and return the future of its outcome; raises QueueFull,
+        InvalidRequest or ServiceClosed at once, keeping nothing."""
+        if self.closed_reason is not None:
+            raise ServiceClosed(self.closed_reason)
+        # No await between engine.submit and registering the future, so an outcome
+        # can never arrive for an id the host does not know.
+        self.engine.submit(request, self._clock())
+        fut = self._loop.create_future()
+        self.ledger.open(request)
+        self._futures[request.id] = fut
+        self._requests[request.id] = request
+        self._idle.clear()
+        self._schedule_pump()
+        return fut
+
+    def cancel(self, request_id: RequestId, why: str = "cancelled by its caller") -> None:
+        """End a request with `Cancelled`; what of it is still queued never runs."""
+        if request_id in self._futures:
+            self.engine.cancel(request_id, self._clock())
+            self._settle(self.ledger.fail(request_id, Cancelled(f"request {request_id!r} {why}")))
+
+    async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
+        """Refuse new requests, run what is queued (flush reason `drain`) for up to
+        `timeout_s`, then fail what is left with ServiceClosed."""
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self.engine.drain()
+        self._pump()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self.abort(ServiceClosed(f"{reason}: the request did not finish within the "
+                                 f"{timeout_s} s drain timeout"))
+
+    def abort(self, error: BaseException) -> None:
+        """Fail every open request with `error` now."""
+        self._parked.clear()
+        for rid in list(self._requests):
+            self.engine.cancel(rid, self._clock())
+        self._settle(self.ledger.fail_all(error))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, float("inf")
+
+    def stats(self) -> dict[str, Any]:
+        a, b = self.engine.latency.coefficients
+        return {
+            **self.engine.stats.as_dict(),
+            "queued_requests": self.engine.queued_requests,
+            "queued_items": self.engine.queued_items,
+            "inflight_batches": len(self._inflight),
+            "open_requests": len(self._futures),
+            "replicas": len(self._slots),
+            "latency_model": {"a_ms": a * 1e3, "b_ms_per_cost": b * 1e3,
+                              "warm": self.engine.latency.warm},
+        }
+
+    # -- the pump: the only place batches are formed ---------------------------------------
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _free_slots(self) -> int:
+        return sum(max(self.max_inflight - s.inflight, 0) for s in self._slots)
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        now = self._clock()
+        while (batch := self.engine.next_batch(now, self._free_slots())) is not None:
+            self._dispatch(batch, self._pick())
+        for failure in self.engine.take_failures():
+            self._settle(self.ledger.fail(failure.request_id, failure.error))
+        self._arm_timer(self.engine.deadline(), now)
+
+    def _pick(self) -> _Slot:
+        return min((s for s in self._slots if s.inflight < self.max_inflight),
+                   key=lambda s: s.inflight)
+
+    def _dispatch(self, batch: Batch, slot: _Slot) -> None:
+        self._inflight[batch.id] = batch
+        self._send(batch, slot)
+
+    def _send(self, batch: Batch, slot: _Slot) -> None:
+        slot.inflight += 1
+        self._loop.create_task(self._run(batch, slot))
+
+    async def _run(self, batch: Batch, slot: _Slot) -> None:
+        try:
+            results, compute_s = await slot.client.run(self._inputs(batch))
+        except ReplicaDied as e:
+            slot.inflight -= 1
+            self._replica_died(slot, batch, e)
+            return
+        except BaseException as e:  # the model's own error: this batch's requests only
+            slot.inflight -= 1
+            self._finish(batch, None)
+            self._settle(self.ledger.fail_batch(batch, e))
+            self._schedule_pump()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        slot.inflight -= 1
+        self._finish(batch, compute_s)
+        self._settle(self.ledger.deliver(batch, results))
+        self._schedule_pump()
+
+    def _finish(self, batch: Batch, compute_s: float | None) -> None:
+        self._inflight.pop(batch.id, None)
+        self._retried.discard(batch.id)
+        self.engine.complete(batch.id, self._clock(), compute_s=compute_s)
+
+    def _replica_died(self, slot: _Slot, batch: Batch, error: BaseException) -> None:
+        if any(s is slot for s in self._slots):
+            log.error("replica %s died: %s", slot.client.name, error)
+            self.remove_replica(slot.client)
+            self._on_replica_died(slot.client)
+        if batch.id in self._retried:
+            self._finish(batch, None)
+            self._settle(self.ledger.fail_batch(batch, WorkerDied(
+                f"two replicas died running this request (last: {error}); not retried again")))
+            self._schedule_pump()
+            return
+        self._retried.add(batch.id)
+        live = [s for s in self._slots if s.inflight < self.max_inflight]
+        if live:
+            target = min(live, key=lambda s: s.inflight)
+            log.warning("retrying batch %d (requests %s) on %s", batch.id, batch.ids,
+                        target.client.name)
+            self._send(batch, target)
+        else:
+            self._parked.append(batch)  # add_replica sends it on
+
+    def _inputs(self, batch: Batch) -> Any:
+        reqs = self._requests
+        if len(batch.parts) == 1:
+            p = batch.parts[0]
+            r = reqs[p.request_id]
+            return [r.items[0]] if r.single else _slice(r.items, p.start, p.stop)
+        chunks = [_slice(reqs[p.request_id].items, p.start, p.stop) for p in batch.parts]
+        if all(isinstance(c, np.ndarray) for c in chunks):
+            return np.concatenate(chunks)
+        return [x for c in chunks for x in c]
+
+    def _arm_timer(self, deadline: float | None, now: float) -> None:
+        if deadline is None or deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        self._pump()
+
+    def _settle(self, outcomes: list[Outcome]) -> None:
+        futures, requests = self._futures, self._requests
+        for o in outcomes:
+            requests.pop(o.request_id, None)
+            fut = futures.pop(o.request_id, None)
+            if fut is None or fut.done():
+                continue
+            if o.error is None:
+                fut.set_result(o.value)
+            else:
+                fut.set_exception(o.error)
+        if not futures:
+            self._idle.set()
+
+
+def _slice(items: Any, start: int, stop: int) -> Any:
+    if start == 0 and stop == len(items):
+        return items if isinstance(items, np.ndarray) else list(items)
+    return items[start:stop]

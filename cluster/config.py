@@ -1,0 +1,209 @@
+"""The one configuration file: models, their batching policy, replicas, and the ingress.
+
+Everything Raybatch deploys or renders (the Serve application, `serve build`
+output, RayService manifests, dashboards) is derived from a `RaybatchConfig`, so
+there is one place to change a setting. Validation happens once, here, with
+messages that name the field, the value and the fix.
+
+    models:
+      - name: mlp
+        transformer: deployments.models:MLP
+        inputs:  [{name: INPUT0, datatype: FP32, shape: [-1, 256]}]
+        outputs: [{name: OUTPUT0, datatype: FP32, shape: [-1, 256]}]
+        batching: {max_batch_size: 64, max_queue_delay_s: 0.002}
+        replicas: {min_replicas: 1, max_replicas: 2, num_cpus: 1}
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from batching.policy import DynamicPolicy
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+             "FP16", "FP32", "FP64", "BYTES")
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message says where and how to fix it."""
+
+
+class TensorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Tensor name as clients send it (Triton's INPUT0/OUTPUT0 style)."""
+    datatype: str
+    """Open Inference Protocol datatype: FP32, INT64, BYTES ..."""
+    shape: tuple[int, ...]
+    """Shape with the leading batch dimension; -1 for a variable dimension."""
+
+    @field_validator("datatype")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v.upper() not in DATATYPES:
+            raise ValueError(f"datatype={v!r} is not one of {', '.join(DATATYPES)}")
+        return v.upper()
+
+    @field_validator("shape")
+    @classmethod
+    def _batch_dim(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or v[0] != -1:
+            raise ValueError(f"shape={list(v)} must start with -1, the batch dimension")
+        if any(d < -1 or d == 0 for d in v):
+            raise ValueError(f"shape={list(v)}: dimensions must be -1 or >= 1")
+        return v
+
+
+class ReplicaConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(default=1, ge=0)
+    """Replicas kept alive even when idle."""
+    max_replicas: int = Field(default=1, ge=1)
+    """Most replicas the pool scales up to on queue depth."""
+    num_cpus: float = Field(default=1.0, ge=0)
+    """CPUs each replica reserves (and, pinned, the cores it gets)."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each replica reserves; 1 runs the model on `cuda`."""
+    max_inflight_batches: int = Field(default=2, ge=1)
+    """Batches sent to one replica before its previous ones return (pipelining)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Extra Ray custom resources per replica (e.g. {"numa0": 2})."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the replica process (OMP_NUM_THREADS is set from num_cpus)."""
+    scale_up_queue_items: int = Field(default=256, ge=1)
+    """Queued items per replica above which the pool adds a replica."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas={self.min_replicas} exceeds max_replicas="
+                             f"{self.max_replicas}: lower min_replicas or raise max_replicas")
+        return self
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Model name in URLs: /v2/models/{name}/infer."""
+    transformer: str
+    """Import path of the VectorTransformer class, 'package.module:Class'."""
+    init_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the transformer's constructor."""
+    version: str = "1"
+    inputs: tuple[TensorConfig, ...]
+    outputs: tuple[TensorConfig, ...]
+    batching: DynamicPolicy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
+    replicas: ReplicaConfig = ReplicaConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _url_safe(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"name={v!r} must be letters, digits, '_', '-', '.' (used in URLs)")
+        return v
+
+    @field_validator("transformer")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if ":" not in v:
+            raise ValueError(f"transformer={v!r} must look like 'package.module:ClassName'")
+        return v
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _some(cls, v: tuple[TensorConfig, ...]) -> tuple[TensorConfig, ...]:
+        if not v:
+            raise ValueError("a model needs at least one tensor here")
+        names = [t.name for t in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tensor names {names} repeat: each must be unique")
+        return v
+
+
+class IngressConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_replicas: int = Field(default=1, ge=1)
+    """Serve replicas of the HTTP/handle ingress."""
+    num_cpus: float = Field(default=0.5, ge=0)
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
+    """Largest request body accepted; larger ones get HTTP 413."""
+    route_prefix: str = "/"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    default_timeout_s: float | None = Field(default=None, gt=0)
+    """Deadline of a request that names none; None: no deadline."""
+
+
+class RaybatchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app_name: str = "raybatch"
+    models: tuple[ModelConfig, ...]
+    ingress: IngressConfig = IngressConfig()
+
+    @model_validator(mode="after")
+    def _unique(self) -> RaybatchConfig:
+        names = [m.name for m in self.models]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"model names {dup} appear more than once: names must be unique")
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def load_config(source: str | Path | dict) -> RaybatchConfig:
+    """A validated config from a YAML file path or an already parsed dict."""
+    if isinstance(source, dict):
+        data, where = source, "config"
+    else:
+        path = Path(source)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file {path} does not exist") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        where = str(path)
+    try:
+        return RaybatchConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{where}: {len(e.errors())} invalid setting(s):"]
+        for err in e.errors():
+            lines.append("  " + describe_error(err))
+        raise ConfigError("\n".join(lines)) from None
+
+
+def describe_error(err: dict) -> str:
+    """One pydantic error as 'where=value: what is wrong'."""
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    if isinstance(value, (int, float, str, bool)) and not msg.startswith(loc.split(".")[-1]):
+        msg = msg.replace("Input should be", "must be")
+        return f"{loc}={value!r}: {msg}"
+    return f"{loc}: {msg}"
+
+
+def import_object(path: str) -> Any:
+    """The object named by 'package.module:Name'."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"cannot import {path!r}: {e}") from e
