@@ -68,6 +68,7 @@ class BatchHost:
         self._slots: list[_Slot] = []
         self._futures: dict[RequestId, asyncio.Future] = {}
         self._requests: dict[RequestId, Request] = {}
+        self._submitted: dict[RequestId, float] = {}  # submit time, for statistics
         self._inflight: dict[int, Batch] = {}
         self._retried: set[int] = set()
         self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
@@ -111,6 +112,7 @@ class BatchHost:
         self.ledger.open(request)
         self._futures[request.id] = fut
         self._requests[request.id] = request
+        self._submitted[request.id] = self._clock()
         self._idle.clear()
         self._schedule_pump()
         return fut
@@ -182,6 +184,10 @@ class BatchHost:
 
     def _dispatch(self, batch: Batch, slot: _Slot) -> None:
         self._inflight[batch.id] = batch
+        now, submitted, stats = batch.created_s, self._submitted, self.engine.stats
+        for p in batch.parts:
+            if p.start == 0:
+                stats.record_queue(now - submitted.get(p.request_id, now))
         self._send(batch, slot)
 
     def _send(self, batch: Batch, slot: _Slot) -> None:
@@ -205,6 +211,7 @@ class BatchHost:
             return
         slot.inflight -= 1
         self._finish(batch, compute_s)
+        self.engine.stats.record_compute(batch.num_items, compute_s)
         self._settle(self.ledger.deliver(batch, results))
         self._schedule_pump()
 
@@ -258,9 +265,11 @@ class BatchHost:
         self._pump()
 
     def _settle(self, outcomes: list[Outcome]) -> None:
-        futures, requests = self._futures, self._requests
+        futures, requests, submitted = self._futures, self._requests, self._submitted
+        now, stats = self._clock(), self.engine.stats
         for o in outcomes:
             requests.pop(o.request_id, None)
+            stats.record_outcome(o.error is None, now - submitted.pop(o.request_id, now))
             fut = futures.pop(o.request_id, None)
             if fut is None or fut.done():
                 continue

@@ -1,0 +1,49 @@
+"""The Serve application, built from a `RaybatchConfig`.
+
+`serve run deployments.app:app` deploys the config named by the environment
+variable `RAYBATCH_CONFIG` (default: the bundled demo). Each model gets a
+batching actor declared as a deployment-scoped actor of the ingress, so Serve
+owns its lifecycle: deleting the app (or `serve shutdown`) stops the batching
+actors, and with them the replica actors they own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+from ray import serve
+from ray.serve.config import DeploymentActorConfig
+
+from cluster.config import RaybatchConfig, load_config
+from deployments.batcher import BatcherActor
+from deployments.ingress import Ingress, batcher_actor_name
+
+DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
+
+
+def build_app(config: RaybatchConfig) -> serve.Application:
+    actors = [
+        DeploymentActorConfig(
+            name=batcher_actor_name(m.name),
+            actor_class=ray.remote(BatcherActor),
+            init_kwargs={"model_json": m.model_dump_json()},
+            actor_options={"num_cpus": 0, "max_concurrency": 10_000},
+        )
+        for m in config.models
+    ]
+    deployment = Ingress.options(
+        num_replicas=config.ingress.num_replicas,
+        ray_actor_options={"num_cpus": config.ingress.num_cpus},
+        deployment_actors=actors,
+    )
+    return deployment.bind(config.model_dump_json())
+
+
+def app_builder(args: dict[str, str]) -> serve.Application:
+    """For `serve run deployments.app:app_builder config=FILE`."""
+    return build_app(load_config(args.get("config", DEMO_CONFIG)))
+
+
+app = build_app(load_config(os.environ.get("RAYBATCH_CONFIG", DEMO_CONFIG)))

@@ -1,0 +1,98 @@
+"""The batching actor: one per model, hosting the engine in front of the replica pool.
+
+An async Ray actor. Ingress replicas send it bundles (many requests in one
+Ray call); it submits each to its `BatchHost` and streams outcomes back in
+chunks: every `yield` carries all requests that finished since the last one,
+so a bundle of 64 costs one call and a few yields instead of 64 round trips.
+The engine, the ledger and the dispatch policy are the same objects the
+embedded host uses; only the replicas are Ray actors here.
+
+Request ids are the actor's own integers, mapped back to the caller's keys
+inside the stream, so ingress replicas never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from batching.errors import RaybatchError
+from batching.host import BatchHost
+from batching.types import Request
+from batching.worker import portable
+from cluster.config import ModelConfig
+from deployments.pool import ReplicaPool
+
+log = logging.getLogger(__name__)
+
+# (caller key, items with a leading batch dimension, priority, timeout_s)
+BundleItem = tuple[Any, Any, "int | None", "float | None"]
+# (caller key, value, error)
+Outcome = tuple[Any, Any, "BaseException | None"]
+
+
+class BatcherActor:
+    def __init__(self, model_json: str) -> None:
+        self.config = ModelConfig.model_validate_json(model_json)
+        self._ids = itertools.count()
+        self._started: asyncio.Future | None = None
+        self.host: BatchHost | None = None
+        self.pool: ReplicaPool | None = None
+
+    async def _ensure_started(self) -> None:
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
+        self.host = BatchHost(self.config.batching,
+                              max_inflight=self.config.replicas.max_inflight_batches,
+                              on_replica_died=lambda client: self.pool.replaced(client))
+        self.pool = ReplicaPool(self.config, self.host)
+        await self.pool.start()
+        log.info("batcher for %s ready with %d replicas", self.config.name,
+                 len(self.host.replicas))
+
+    async def ready(self) -> bool:
+        await self._ensure_started()
+        return True
+
+    async def infer(self, bundle: list[BundleItem]) -> AsyncIterator[list[Outcome]]:
+        """Run a bundle of requests; yields chunks of outcomes as they finish."""
+        await self._ensure_started()
+        assert self.host is not None
+        keys: dict[asyncio.Future, Any] = {}
+        refused: list[Outcome] = []
+        for key, items, priority, timeout_s in bundle:
+            request = Request(next(self._ids), items, False, priority, timeout_s, len(items))
+            try:
+                keys[self.host.submit(request)] = key
+            except RaybatchError as e:  # QueueFull, InvalidRequest, ServiceClosed
+                refused.append((key, None, e))
+        if refused:
+            yield refused
+        pending = set(keys)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            yield [_outcome(keys[f], f) for f in done]
+
+    async def stats(self) -> dict[str, Any]:
+        await self._ensure_started()
+        assert self.host is not None and self.pool is not None
+        return {**self.host.stats(), "replica_info": await self.pool.info()}
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        if self.host is not None:
+            await self.host.close(timeout_s)
+        if self.pool is not None:
+            self.pool.stop()
+
+
+def _outcome(key: Any, fut: asyncio.Future) -> Outcome:
+    error = fut.exception()
+    if error is None:
+        return key, fut.result(), None
+    return key, None, error if isinstance(error, RaybatchError) else portable(error)

@@ -1,0 +1,81 @@
+"""Coalescing: many concurrent requests, one Ray call.
+
+Whatever requests arrive during one event-loop tick go to the batching actor
+as one bundle (no timer, no added wait: the flush is scheduled with
+`call_soon` when the first request of a tick arrives). Outcomes stream back in
+chunks and resolve each request's future by its key. A bundle whose stream
+breaks (the batching actor died) fails its unresolved requests with
+`WorkerDied`: nothing accepted is silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from batching.errors import WorkerDied
+
+log = logging.getLogger(__name__)
+
+
+class Coalescer:
+    """Bundles submissions to one batching actor.
+
+    `get_actor` returns the current actor handle; it is asked again after a
+    failure, since a recreated actor has a new handle.
+    """
+
+    def __init__(self, get_actor: Callable[[], Any]) -> None:
+        self._get_actor = get_actor
+        self._actor: Any = None
+        self._keys = itertools.count()
+        self._pending: list[tuple] = []
+        self._futures: dict[int, asyncio.Future] = {}
+        self.bundles_sent = 0
+
+    def submit(self, items: Any, priority: int | None, timeout_s: float | None) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        key = next(self._keys)
+        fut = loop.create_future()
+        self._futures[key] = fut
+        self._pending.append((key, items, priority, timeout_s))
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        bundle, self._pending = self._pending, []
+        if bundle:
+            self.bundles_sent += 1
+            asyncio.get_running_loop().create_task(self._stream(bundle))
+
+    async def _stream(self, bundle: list[tuple]) -> None:
+        try:
+            if self._actor is None:
+                self._actor = self._get_actor()
+            stream = self._actor.infer.options(num_returns="streaming").remote(bundle)
+            async for ref in stream:
+                for key, value, error in await ref:
+                    fut = self._futures.pop(key, None)
+                    if fut is None or fut.done():
+                        continue
+                    if error is None:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(error)
+        except Exception as e:
+            self._actor = None
+            log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
+            self._fail(bundle, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
+        finally:
+            self._fail(bundle, WorkerDied("the batching actor ended the stream without an "
+                                          "answer for this request"))
+
+    def _fail(self, bundle: list[tuple], error: BaseException) -> None:
+        for key, *_ in bundle:
+            fut = self._futures.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(error)

@@ -1,0 +1,249 @@
+"""The Serve ingress: the Open Inference Protocol over HTTP, and the handle API.
+
+It validates (a clear 4xx for anything wrong), gives each request its deadline,
+and hands it to the model's `Coalescer`, which sends whatever arrived in the
+same loop tick to the batching actor as one bundle. It never batches or
+queues itself: the batching actor does, across all ingress replicas.
+
+Errors map to status codes in one place (`_error_response`), from the
+`http_status` of the exception classes. The protocol codec is
+`deployments.protocol`; this module only moves bytes, headers and arrays.
+"""
+
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+
+from batching.errors import InvalidRequest, RaybatchError, http_status
+from cluster.config import ModelConfig, RaybatchConfig
+from deployments.coalesce import Coalescer
+from deployments.protocol import (
+    ModelSpec,
+    TensorSpec,
+    check_content_length,
+    encode_infer_response,
+    error_body,
+    metadata_json,
+    model_config_json,
+    parse_infer_request,
+    server_metadata_json,
+)
+from deployments.protocol_binary import NUMPY_DTYPES
+from deployments.stats import model_counters_json
+
+log = logging.getLogger(__name__)
+api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
+
+
+class UnknownModel(RaybatchError):
+    http_status = 404
+
+
+class NotReady(RaybatchError):
+    http_status = 503
+
+
+def batcher_actor_name(model: str) -> str:
+    return f"batcher-{model}"
+
+
+def model_spec(m: ModelConfig) -> ModelSpec:
+    return ModelSpec(
+        m.name, m.version, "raybatch",
+        inputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.inputs],
+        outputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.outputs],
+        max_batch_size=m.batching.max_batch_size,
+    )
+
+
+class _Model:
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self.spec = model_spec(config)
+        actor_name = batcher_actor_name(config.name)
+        self.coalescer = Coalescer(lambda: serve.get_deployment_actor(actor_name))
+        self.ready: asyncio.Future | None = None
+
+
+# Defined before the class: @serve.ingress copies the module globals it sees at decoration.
+def _error_response(e: Exception) -> Response:
+    status = http_status(e)
+    if status >= 500 and not isinstance(e, RaybatchError):
+        log.exception("request failed")
+    headers = {"Retry-After": "1"} if status in (429, 503) else {}
+    message = str(e) or type(e).__name__
+    if not isinstance(e, RaybatchError):
+        message = f"{type(e).__name__}: {message}"
+    return Response(error_body(message), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+async def _raise(e: BaseException) -> Any:
+    raise e
+
+
+@serve.deployment(max_ongoing_requests=2048)
+@serve.ingress(api)
+class Ingress:
+    async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
+        # Async, so Serve marks the app ready only once every model's replicas serve.
+        self.config = RaybatchConfig.model_validate_json(config_json)
+        self.models = {m.name: _Model(m) for m in self.config.models}
+        await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
+
+    async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:  # the deployment-scoped actor may not be registered yet
+            try:
+                actor = serve.get_deployment_actor(batcher_actor_name(m.config.name))
+                break
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        await actor.ready.remote()
+        m.ready = asyncio.get_running_loop().create_future()
+        m.ready.set_result(True)
+
+    # -- the handle API ---------------------------------------------------------------
+    async def infer(self, model: str, inputs: dict[str, np.ndarray],
+                    parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """`handle.infer.remote("mlp", {"INPUT0": x})` → `{"OUTPUT0": y}`."""
+        m = self._model(model)
+        params = parameters or {}
+        array = self._input_array(m, inputs)
+        return await self._run(m, array, params.get("priority"), params.get("timeout_s"))
+
+    async def infer_bundle(self, model: str, bundle: list[dict[str, np.ndarray]],
+                           parameters: dict[str, Any] | None = None) -> list[Any]:
+        """Many requests in one handle call (what `RaybatchClient` sends); each entry
+        comes back as its outputs or as the exception that ended it."""
+        m = self._model(model)
+        params = parameters or {}
+        futs = []
+        for inputs in bundle:
+            try:
+                futs.append(self._run(m, self._input_array(m, inputs), params.get("priority"),
+                                      params.get("timeout_s")))
+            except RaybatchError as e:
+                futs.append(_raise(e))
+        return list(await asyncio.gather(*futs, return_exceptions=True))
+
+    async def status(self) -> dict[str, Any]:
+        out = {}
+        for name in self.models:
+            actor = serve.get_deployment_actor(batcher_actor_name(name))
+            out[name] = await actor.stats.remote()
+        return out
+
+    # -- HTTP: the Open Inference Protocol ----------------------------------------------
+    @api.get("/v2")
+    async def server_metadata(self) -> JSONResponse:
+        return JSONResponse(server_metadata_json("raybatch", "0.1.0"))
+
+    @api.get("/v2/health/live")
+    async def live(self) -> Response:
+        return Response(status_code=200)
+
+    @api.get("/v2/health/ready")
+    async def ready(self) -> Response:
+        ok = all([await self._is_ready(m) for m in self.models.values()])
+        return Response(status_code=200 if ok else 503)
+
+    @api.get("/v2/models/{model}")
+    async def model_metadata(self, model: str) -> Response:
+        return await self._guard(lambda: JSONResponse(metadata_json(self._model(model).spec)))
+
+    @api.get("/v2/models/{model}/config")
+    async def model_config(self, model: str) -> Response:
+        return await self._guard(lambda: JSONResponse(
+            model_config_json(self._model(model).spec)))
+
+    @api.get("/v2/models/{model}/ready")
+    async def model_ready(self, model: str) -> Response:
+        async def check() -> Response:
+            ok = await self._is_ready(self._model(model))
+            return Response(status_code=200 if ok else 503)
+        return await self._guard(check)
+
+    @api.get("/v2/models/{model}/stats")
+    async def model_stats(self, model: str) -> Response:
+        async def stats() -> Response:
+            m = self._model(model)
+            actor = serve.get_deployment_actor(batcher_actor_name(model))
+            raw = await actor.stats.remote()
+            return JSONResponse({"model_stats": [model_counters_json(m.spec, raw)]})
+        return await self._guard(stats)
+
+    @api.post("/v2/models/{model}/infer")
+    async def infer_http(self, model: str, request: Request) -> Response:
+        async def infer() -> Response:
+            m = self._model(model)
+            limit = self.config.ingress.max_body_bytes
+            check_content_length(request.headers, limit)
+            body = await request.body()
+            req = parse_infer_request(body, request.headers, m.spec, limit)
+            array = self._input_array(m, req.inputs)
+            outputs = await self._run(m, array, req.priority, req.timeout_s)
+            body, headers = encode_infer_response(m.config.name, m.config.version, req.id,
+                                                  outputs, req.outputs_requested,
+                                                  req.binary_data_output)
+            return Response(body, headers=headers)
+        return await self._guard(infer)
+
+    # -- shared path ----------------------------------------------------------------------
+    def _model(self, name: str) -> _Model:
+        m = self.models.get(name)
+        if m is None:
+            raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.models)}")
+        return m
+
+    def _input_array(self, m: _Model, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        (tensor,) = m.config.inputs
+        if set(inputs) != {tensor.name}:
+            raise InvalidRequest(f"model {m.config.name!r} takes exactly one input "
+                                 f"{tensor.name!r}; got {sorted(inputs)}")
+        array = inputs[tensor.name]
+        if not isinstance(array, np.ndarray) or array.ndim != len(tensor.shape):
+            raise InvalidRequest(f"input {tensor.name!r} must be an array of rank "
+                                 f"{len(tensor.shape)} with shape {list(tensor.shape)}")
+        if len(array) == 0:
+            raise InvalidRequest(f"input {tensor.name!r} has an empty batch dimension: "
+                                 "send at least one item")
+        return array
+
+    async def _run(self, m: _Model, array: np.ndarray, priority: int | None,
+                   timeout_s: float | None) -> dict[str, np.ndarray]:
+        default = self.config.ingress.default_timeout_s
+        if default is not None:
+            timeout_s = min(timeout_s, default) if timeout_s else default
+        value = await m.coalescer.submit(array, priority, timeout_s)
+        (out,) = m.config.outputs
+        dtype = NUMPY_DTYPES[out.datatype]
+        return {out.name: np.asarray(value, dtype=dtype)}
+
+    async def _is_ready(self, m: _Model) -> bool:
+        if m.ready is None:
+            actor = serve.get_deployment_actor(batcher_actor_name(m.config.name))
+            m.ready = asyncio.ensure_future(actor.ready.remote())
+        if not m.ready.done():
+            await asyncio.wait([m.ready], timeout=0.2)
+        if m.ready.done() and m.ready.exception() is not None:
+            m.ready = None
+            return False
+        return m.ready is not None and m.ready.done()
+
+    async def _guard(self, handler: Any) -> Response:
+        try:
+            result = handler()
+            return await result if asyncio.iscoroutine(result) else result
+        except Exception as e:
+            return _error_response(e)
+

@@ -1,0 +1,144 @@
+"""The replica pool of one model: Ray actors, their clients, and scaling on queue depth.
+
+The batching actor owns the replicas (they are created from it, so they die
+with it: deleting the app leaves none behind). The pool keeps between
+`min_replicas` and `max_replicas` alive: it adds one when queued items per
+replica exceed `scale_up_queue_items`, removes one after `scale_down_idle_s`
+with nothing queued, and replaces a replica that died. A replica that cannot
+be placed stays pending: that pending actor is what makes the Ray autoscaler
+(and KubeRay) add a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+from batching.host import BatchHost, ReplicaDied
+from cluster.config import ModelConfig
+from deployments.replica import ModelReplica
+
+log = logging.getLogger(__name__)
+SCALE_DOWN_IDLE_S = 30.0
+
+
+class RayReplicaClient:
+    """`ReplicaClient` over a `ModelReplica` actor: one Ray call per batch."""
+
+    def __init__(self, actor: Any, index: int) -> None:
+        self.actor = actor
+        self.index = index
+        self.name = f"replica-{index}"
+
+    async def run(self, items: Any) -> tuple[Any, float]:
+        try:
+            return await self.actor.run.remote(items)
+        except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+            raise ReplicaDied(f"{self.name}: {type(e).__name__}") from e
+        except RayTaskError as e:  # the model raised: hand its own exception on
+            cause = e.cause if isinstance(e.cause, BaseException) else None
+            raise (cause or e) from None
+
+
+class ReplicaPool:
+    def __init__(self, config: ModelConfig, host: BatchHost) -> None:
+        self.config = config
+        self.host = host
+        self._json = config.model_dump_json()
+        self._indices = itertools.count()
+        self._starting: dict[int, Any] = {}
+        self._idle_since: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def _actor_options(self) -> dict[str, Any]:
+        r = self.config.replicas
+        threads = str(max(1, math.floor(r.num_cpus))) if r.num_cpus else "1"
+        return {
+            "num_cpus": r.num_cpus,
+            "num_gpus": r.num_gpus,
+            "resources": dict(r.resources),
+            "max_restarts": 0,
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+                                         **r.env}},
+        }
+
+    async def start(self) -> None:
+        """Start `min_replicas` (at least one) and wait until they serve; then keep scaling."""
+        want = max(1, self.config.replicas.min_replicas)
+        await asyncio.gather(*(self._add() for _ in range(want)))
+        self._task = asyncio.get_running_loop().create_task(self._autoscale())
+
+    async def _add(self) -> None:
+        index = next(self._indices)
+        actor = ray.remote(ModelReplica).options(**self._actor_options()).remote(
+            self._json, index)
+        self._starting[index] = actor
+        try:
+            await actor.info.remote()
+        except Exception as e:
+            log.error("replica-%d of %s failed to start: %s", index, self.config.name, e)
+            raise
+        finally:
+            self._starting.pop(index, None)
+        self.host.add_replica(RayReplicaClient(actor, index))
+
+    def replaced(self, client: RayReplicaClient) -> None:
+        """A replica died: start another in its place (called by the host)."""
+        log.warning("replacing %s of model %s", client.name, self.config.name)
+        asyncio.get_running_loop().create_task(self._add())
+
+    async def _autoscale(self) -> None:
+        r = self.config.replicas
+        while True:
+            await asyncio.sleep(0.5)
+            live = len(self.host.replicas) + len(self._starting)
+            queued = self.host.engine.queued_items
+            if live < r.min_replicas or (
+                live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
+            ):
+                asyncio.get_running_loop().create_task(self._add())
+                continue
+            now = time.monotonic()
+            busy = queued or self.host.stats()["inflight_batches"]
+            self._idle_since = None if busy else (self._idle_since or now)
+            if (self._idle_since is not None and now - self._idle_since > SCALE_DOWN_IDLE_S
+                    and len(self.host.replicas) > max(r.min_replicas, 1)):
+                self._remove_one()
+                self._idle_since = now
+
+    def _remove_one(self) -> None:
+        victim = min(self.host.replicas, key=self.host.outstanding)
+        self.host.remove_replica(victim)
+        assert isinstance(victim, RayReplicaClient)
+        ray.kill(victim.actor, no_restart=True)
+        log.info("scaled %s of %s down", victim.name, self.config.name)
+
+    async def info(self) -> list[dict[str, Any]]:
+        out = []
+        for client in self.host.replicas:
+            assert isinstance(client, RayReplicaClient)
+            try:
+                info = await client.actor.info.remote()
+                info["state"] = "ALIVE"
+            except Exception as e:
+                info = {"index": client.index, "state": f"DEAD ({type(e).__name__})"}
+            info["outstanding_batches"] = self.host.outstanding(client)
+            out.append(info)
+        out += [{"index": i, "state": "PENDING"} for i in self._starting]
+        return out
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for client in list(self.host.replicas):
+            assert isinstance(client, RayReplicaClient)
+            ray.kill(client.actor, no_restart=True)
+        for actor in self._starting.values():
+            ray.kill(actor, no_restart=True)

@@ -1,0 +1,50 @@
+"""The model-replica actor: one `VectorTransformer`, run one batch at a time.
+
+A sync Ray actor (batches run back to back on its own thread; no event loop
+competes with the model for the core). It builds the model in its constructor,
+on the device Ray gave it, and reports where it runs (node, CPUs as read back
+with `os.sched_getaffinity`, GPU ids) so `raybatch status` shows the truth.
+`OMP_NUM_THREADS` comes from the runtime env (set by the pool from `num_cpus`):
+`torch.set_num_threads` alone left a spinning thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from batching.worker import instantiate, run_batch
+from cluster.config import ModelConfig, import_object
+
+
+class ModelReplica:
+    def __init__(self, model_json: str, index: int) -> None:
+        import ray
+
+        self.config = ModelConfig.model_validate_json(model_json)
+        self.index = index
+        gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
+        self.device = "cuda" if gpu_ids else "cpu"
+        target = import_object(self.config.transformer)
+        self.model = instantiate(target, (), dict(self.config.init_kwargs))
+        self.model.setup(self.device)
+        self._gpu_ids = [str(g) for g in gpu_ids]
+        self._node_id = ray.get_runtime_context().get_node_id()
+
+    def run(self, items: Any) -> tuple[Any, float]:
+        """One batch: preprocess → transform → postprocess; returns (results, compute_s)."""
+        t0 = time.perf_counter()
+        results = run_batch(self.model, items)
+        return results, time.perf_counter() - t0
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "node_id": self._node_id,
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "num_cpus": self.config.replicas.num_cpus,
+            "gpus": self._gpu_ids,
+            "device": self.device,
+        }
