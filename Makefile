@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/raybatch demo
+	$(BIN)/raybatch up
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -22,9 +22,31 @@ def _simulate(args: argparse.Namespace) -> int:
     return simulate.run(args)
 
 
+def _up(args: argparse.Namespace) -> int:
+    from cluster.serving import up
+
+    return up(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from cluster.serving import status
+
+    return status(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from cluster import serving
+
     parser = argparse.ArgumentParser(prog="raybatch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start (or join) Ray, deploy the app, serve until Ctrl-C")
+    serving.add_up_arguments(up)
+    up.set_defaults(func=_up)
+
+    st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
+    serving.add_status_arguments(st)
+    st.set_defaults(func=_status)
 
     demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
     demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
