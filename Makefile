@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings]"
 	touch $(STAMP)
 
 setup: $(STAMP)

