@@ -13,9 +13,11 @@ import asyncio
 import concurrent.futures
 import itertools
 import os
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -38,6 +40,7 @@ class ProcessRunner:
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self.on_exit: Callable[[str], None] = lambda reason: None
         self._exited = False
@@ -58,6 +61,22 @@ class ProcessRunner:
             self.close()
             raise first[1]
         self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        threading.Thread(target=self._send_loop, args=(self._conn, self._loop),
+                         name="raybatch-sender", daemon=True).start()
+
+    def _send_loop(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        # Pickling and writing a batch takes up to a millisecond: done here, not on
+        # the event loop, which meanwhile keeps taking requests and results.
+        while (msg := self._outbox.get()) is not None:
+            try:
+                conn.send(msg)
+            except Exception as e:  # unpicklable items, or the worker is gone
+                try:
+                    loop.call_soon_threadsafe(_fail_unsent, self._pending, msg[0], e)
+                except RuntimeError:
+                    return  # the loop is closed: nobody is waiting
+                if isinstance(e, OSError):
+                    return
 
     def _first_message(self, timeout_s: float) -> tuple:
         assert self._conn is not None and self._proc is not None
@@ -76,8 +95,8 @@ class ProcessRunner:
             raise ReplicaDied("the model worker process is not running")
         batch_id = next(self._ids)
         fut = self._loop.create_future()
-        self._conn.send((batch_id, items))  # raises (unpicklable items) before registering
         self._pending[batch_id] = fut
+        self._outbox.put((batch_id, items))
         return await fut
 
     def _on_readable(self) -> None:
@@ -111,12 +130,13 @@ class ProcessRunner:
 
     def close(self, timeout_s: float = 5.0) -> None:
         self._exited = True
+        self._outbox.put(None)
         if self._conn is not None:
             if self._loop is not None:
                 self._loop.remove_reader(self._conn.fileno())
             try:
                 self._conn.send(None)
-            except OSError:
+            except (OSError, ValueError):
                 pass
             self._conn.close()
             self._conn = None
@@ -126,6 +146,12 @@ class ProcessRunner:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+def _fail_unsent(pending: dict[int, asyncio.Future], batch_id: int, error: BaseException) -> None:
+    fut = pending.pop(batch_id, None)
+    if fut is not None and not fut.done():
+        fut.set_exception(RuntimeError(f"the batch could not be sent to the model worker: {error}"))
 
 
 class ThreadRunner:

