@@ -10,7 +10,8 @@ level's `timeout_action=delay`. When to send, checked in this order:
   drain      the host is closing: send what is queued, no waiting;
   full       `max_batch_size` items or `max_batch_cost` queued;
   preferred  the largest preferred size is queued;
-  deadline   a queued request's deadline leaves just the predicted batch latency;
+  deadline   a queued request's deadline leaves just the predicted batch latency
+             (with a cold latency model: it comes before the delay would run out);
   delay      the oldest request waited `max_queue_delay_s` (or, with
              `adaptive_delay`, waiting for one more request would miss its target).
 Expired requests are failed (or delayed) before anything is formed, so nothing
@@ -119,12 +120,17 @@ class DynamicBatcher:
         self._remove(entry)
         return True
 
-    def complete(self, batch_id: int, now: float, compute_s: float | None = None) -> Batch:
-        """Record that `batch_id` finished; its latency trains the latency model."""
+    def complete(self, batch_id: int, now: float, compute_s: float | None = None,
+                 *, failed: bool = False) -> Batch:
+        """Record that `batch_id` finished; its latency trains the latency model
+        (`compute_s` if the replica measured it, else the time since dispatch),
+        unless it `failed`: a crash says nothing about how long a batch takes."""
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise KeyError(f"batch {batch_id} is not in flight (completed twice?)")
-        self.latency.observe(batch.cost, compute_s if compute_s is not None else now - batch.created_s)
+        if not failed:
+            latency_s = compute_s if compute_s is not None else now - batch.created_s
+            self.latency.observe(batch.cost, latency_s)
         return batch
 
     def drain(self) -> None:
@@ -153,7 +159,11 @@ class DynamicBatcher:
             times.append(self._delay_send_s())
             times.append(self._deadline_send_s())
         t = min(times)
-        return None if t == math.inf else t
+        if t == math.inf:
+            return None
+        # The adaptive slack is infinite before a second arrival, which makes the send time
+        # -inf: report "due now" as the oldest arrival, a time a host can sleep until.
+        return max(t, next(iter(self._queued.values())).arrival_s)
 
     # -- phases of next_batch ------------------------------------------------------------
     def _expire(self, now: float) -> None:
@@ -247,10 +257,14 @@ class DynamicBatcher:
         return oldest.arrival_s + self.policy.max_queue_delay_s
 
     def _deadline_send_s(self) -> float:
-        if not self.latency.warm:
-            return math.inf
         earliest = min(q.earliest_deadline() for q in self._levels)
-        return earliest - self._wait_slack_s() if earliest != math.inf else math.inf
+        if earliest == math.inf:
+            return math.inf
+        if not self.latency.warm:
+            # No latency estimate yet. If the delay outlasts a deadline, waiting misses it
+            # for sure: send now (a model that never runs would also never warm up).
+            return -math.inf if earliest <= self._delay_send_s() else math.inf
+        return earliest - self._wait_slack_s()
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _remove(self, entry: Entry) -> None:

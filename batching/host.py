@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from batching.dynamic import DynamicBatcher
-from batching.errors import Cancelled, ServiceClosed, WorkerDied
+from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
 from batching.policy import DynamicPolicy
 from batching.types import Batch, Request, RequestId
@@ -103,6 +103,8 @@ class BatchHost:
         InvalidRequest or ServiceClosed at once, keeping nothing."""
         if self.closed_reason is not None:
             raise ServiceClosed(self.closed_reason)
+        if request.id in self._futures:
+            raise InvalidRequest(f"request id {request.id!r} is still open: ids must be unique")
         # No await between engine.submit and registering the future, so an outcome
         # can never arrive for an id the host does not know.
         self.engine.submit(request, self._clock())
@@ -221,9 +223,10 @@ class BatchHost:
         self._schedule_pump()
 
     def _finish(self, batch: Batch, compute_s: float | None) -> None:
+        """`compute_s` None: the batch failed, and must not train the latency model."""
         self._inflight.pop(batch.id, None)
         self._retried.discard(batch.id)
-        self.engine.complete(batch.id, self._clock(), compute_s=compute_s)
+        self.engine.complete(batch.id, self._clock(), compute_s, failed=compute_s is None)
 
     def _replica_died(self, slot: _Slot, batch: Batch, error: BaseException) -> None:
         if any(s is slot for s in self._slots):
@@ -284,6 +287,8 @@ class BatchHost:
         for o in outcomes:
             requests.pop(o.request_id, None)
             stats.record_outcome(o.error is None, now - submitted.pop(o.request_id, now))
+            if o.error is not None:  # a split request that failed: its queued rest never runs
+                self.engine.cancel(o.request_id, now)
             fut = futures.pop(o.request_id, None)
             if fut is None or fut.done():
                 continue

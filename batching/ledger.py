@@ -95,6 +95,8 @@ class Ledger:
             offset += n
             if rec is None or rec.outcome is not None:
                 continue  # the request already ended (failed, cancelled): drop the late part
+            if part.start in rec.parts:
+                continue  # this part came back before (a retried batch): count it once
             failed = _first_failure(chunk)
             if failed is not None:
                 rec.outcome = Outcome(part.request_id, error=failed)

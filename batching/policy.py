@@ -28,7 +28,8 @@ class QueuePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_queue_size: int | None = Field(default=None, ge=1)
-    """Requests this level may hold; one more is rejected at once with QueueFull. None: unbounded."""
+    """Requests this level may hold; one more is rejected at once with QueueFull.
+    None: unbounded."""
     default_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds a request may wait in the queue when it names no timeout. None: forever."""
     timeout_action: TimeoutAction = TimeoutAction.REJECT
@@ -76,7 +77,9 @@ class DynamicPolicy(BaseModel):
     def _sorted_positive(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
         bad = [s for s in sizes if s < 1]
         if bad:
-            raise ValueError(f"preferred_batch_sizes={list(sizes)} has {bad}: every size must be >= 1")
+            raise ValueError(
+                f"preferred_batch_sizes={list(sizes)} has {bad}: every size must be >= 1"
+            )
         return tuple(sorted(set(sizes)))
 
     @model_validator(mode="after")

@@ -52,7 +52,8 @@ class Entry:
         if self.cum_cost is None:
             return min(k, int(room_cost + 1e-9)) if room_cost != math.inf else k
         limit = self.cum_cost[self.offset] + room_cost + 1e-9
-        return bisect_right(self.cum_cost, limit, self.offset, self.offset + k + 1) - 1 - self.offset
+        stop = bisect_right(self.cum_cost, limit, self.offset, self.offset + k + 1) - 1
+        return stop - self.offset
 
 
 @dataclass(slots=True)

@@ -122,6 +122,8 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
         ) from None
     if parsed.size == 0:
         return np.empty(0, dtype=target)
+    if target.kind == "u" and parsed.dtype.kind in "fO":
+        parsed = _big_uints(data, parsed)
     if parsed.dtype.kind not in _JSON_KINDS[target.kind]:
         wanted = {"b": "true/false", "u": "integers", "i": "integers", "f": "numbers"}
         raise InvalidRequest(
@@ -137,6 +139,14 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
                 f"of {datatype} [{info.min}, {info.max}]; use a wider datatype"
             )
     return parsed.astype(target, copy=False).ravel()
+
+
+def _big_uints(data: list, parsed: np.ndarray) -> np.ndarray:
+    """numpy reads integers >= 2**63 as float64; keep them exact when every value is an int."""
+    values = np.array(data, dtype=object).ravel()
+    if all(type(v) is int and v >= 0 for v in values):
+        return np.array(values.tolist(), dtype=np.uint64).reshape(parsed.shape)
+    return parsed
 
 
 def _flatten_strings(data: list, where: str) -> np.ndarray:

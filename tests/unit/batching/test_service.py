@@ -170,7 +170,7 @@ def test_expired_request_fails_with_deadline_exceeded_and_is_not_run():
 
 def test_close_drains_what_is_queued_then_refuses_new_work():
     async def main():
-        svc, gate, seen = gated(DynamicPolicy(max_batch_size=8, max_queue_delay_s=60))
+        svc, gate, _seen = gated(DynamicPolicy(max_batch_size=8, max_queue_delay_s=60))
         await svc.start()
         tasks = [asyncio.ensure_future(svc.submit(i)) for i in range(3)]
         await asyncio.sleep(0)
@@ -185,7 +185,7 @@ def test_close_drains_what_is_queued_then_refuses_new_work():
 
 def test_close_fails_what_cannot_finish_instead_of_hanging():
     async def main():
-        svc, gate, seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
+        svc, gate, _seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
         await svc.start()
         tasks = [asyncio.ensure_future(svc.submit(i)) for i in range(2)]
         await asyncio.sleep(0.02)

@@ -183,8 +183,6 @@ def test_endless_arrivals_need_a_limit():
         simulate(policy(), Poisson(10.0), latency_a_s=A, latency_b_s=B)
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a cold latency model never sends before a "
-                   "timeout shorter than max_queue_delay_s, so it never warms (see report)")
 def test_timeouts_shorter_than_the_queue_delay_still_get_served():
     r = simulate(policy(max_queue_delay_s=0.05), Poisson(1000.0), latency_a_s=A, latency_b_s=B,
                  timeout_s=0.01, duration_s=0.5)
