@@ -13,9 +13,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
-RequestId = Union[int, str]
+RequestId = int | str
 
 
 class FlushReason(str, enum.Enum):

@@ -59,7 +59,7 @@ def up(args: argparse.Namespace) -> int:
 
 
 def _print_welcome(config: Any, host: str, port: int) -> None:
-    base = f"http://{host}:{port}"
+    base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
     first = config.models[0]
     tensor = first.inputs[0]
     shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
