@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import ray
 from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
@@ -27,7 +26,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
     actors = [
         DeploymentActorConfig(
             name=batcher_actor_name(m.name),
-            actor_class=ray.remote(BatcherActor),
+            actor_class=BatcherActor,
             init_kwargs={"model_json": m.model_dump_json()},
             actor_options={"num_cpus": 0, "max_concurrency": 10_000},
         )

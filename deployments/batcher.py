@@ -19,6 +19,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
+
 from batching.errors import RaybatchError
 from batching.host import BatchHost
 from batching.types import Request
@@ -34,6 +36,9 @@ BundleItem = tuple[Any, Any, "int | None", "float | None"]
 Outcome = tuple[Any, Any, "BaseException | None"]
 
 
+# Decorated here, not where the app is built: `serve build` writes this class's import
+# path into the config, and Serve needs a Ray actor class there when it deploys the file.
+@ray.remote
 class BatcherActor:
     def __init__(self, model_json: str) -> None:
         self.config = ModelConfig.model_validate_json(model_json)

@@ -157,6 +157,17 @@ class Ingress:
         ok = all([await self._is_ready(m) for m in self.models.values()])
         return Response(status_code=200 if ok else 503)
 
+    # Before /v2/models/{model}, which would take "stats" for a model name.
+    @api.get("/v2/models/stats")
+    async def all_model_stats(self) -> Response:
+        async def stats() -> Response:
+            out = []
+            for name, m in self.models.items():
+                actor = serve.get_deployment_actor(batcher_actor_name(name))
+                out.append(model_counters_json(m.spec, await actor.stats.remote()))
+            return JSONResponse({"model_stats": out})
+        return await self._guard(stats)
+
     @api.get("/v2/models/{model}")
     async def model_metadata(self, model: str) -> Response:
         return await self._guard(lambda: JSONResponse(metadata_json(self._model(model).spec)))

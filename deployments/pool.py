@@ -76,10 +76,16 @@ class ReplicaPool:
         self._task = asyncio.get_running_loop().create_task(self._autoscale())
 
     async def _add(self) -> None:
+        await self._serve(*self._create())
+
+    def _create(self) -> tuple[int, Any]:
         index = next(self._indices)
-        actor = ray.remote(ModelReplica).options(**self._actor_options()).remote(
-            self._json, index)
+        actor = ray.remote(concurrency_groups={"control": 1})(ModelReplica).options(
+            **self._actor_options()).remote(self._json, index)
         self._starting[index] = actor
+        return index, actor
+
+    async def _serve(self, index: int, actor: Any) -> None:
         try:
             await actor.info.remote()
         except Exception as e:
@@ -92,7 +98,9 @@ class ReplicaPool:
     def replaced(self, client: RayReplicaClient) -> None:
         """A replica died: start another in its place (called by the host)."""
         log.warning("replacing %s of model %s", client.name, self.config.name)
-        asyncio.get_running_loop().create_task(self._add())
+        # Created now, not in the task: the new replica must count as starting before the
+        # autoscaler next compares live replicas with min_replicas, or it starts one more.
+        asyncio.get_running_loop().create_task(self._serve(*self._create()))
 
     async def _autoscale(self) -> None:
         r = self.config.replicas

@@ -14,14 +14,14 @@ import os
 import time
 from typing import Any
 
+import ray
+
 from batching.worker import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 
 
 class ModelReplica:
     def __init__(self, model_json: str, index: int) -> None:
-        import ray
-
         self.config = ModelConfig.model_validate_json(model_json)
         self.index = index
         gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
@@ -38,6 +38,8 @@ class ModelReplica:
         results = run_batch(self.model, items)
         return results, time.perf_counter() - t0
 
+    # Its own thread: `raybatch status` must not wait behind a batch that runs for seconds.
+    @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
         return {
             "index": self.index,

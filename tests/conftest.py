@@ -1,0 +1,138 @@
+"""Fixtures of the integration and e2e tests: one local Ray and one deployed app per session.
+
+Ray is imported inside the fixtures only, so collecting or running the unit
+tests never loads it. The shared app (`tests/configs/app.yaml`) is deployed
+once; tests that need an app of their own deploy it beside the shared one under
+another name and route prefix, and delete it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "configs"
+APP_CONFIG = CONFIGS / "app.yaml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Ray Serve's own pydantic models use deprecated Field arguments: not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:ray\\..*")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,
+               what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy; fail after `timeout_s`."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > give_up:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what} (last: {value!r})")
+        time.sleep(every_s)
+
+
+@dataclass
+class App:
+    """The shared app: where it listens and how to reach it."""
+
+    name: str
+    base_url: str  # http://127.0.0.1:PORT, no trailing slash
+    port: int
+    handle: Any  # the ingress DeploymentHandle
+    config: Any  # the RaybatchConfig it was built from
+    gate: Path  # while this file exists, the `gated` model holds its batch
+    gcs_address: str
+
+    def stats(self, model: str) -> dict[str, Any]:
+        """The batching actor's statistics of `model` (through the ingress)."""
+        return self.handle.status.remote().result(timeout_s=30)[model]
+
+    async def astats(self, model: str) -> dict[str, Any]:
+        return (await self.handle.status.remote())[model]
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """A local Ray for the whole session; yields its GCS address."""
+    import ray
+
+    # Workers put the driver's working directory on sys.path: make it the repository,
+    # so replicas can import `tests.models` wherever pytest was started from.
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    finally:
+        os.chdir(cwd)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def load_test_config(gate: Path) -> Any:
+    import yaml
+
+    from cluster.config import load_config
+
+    data = yaml.safe_load(APP_CONFIG.read_text())
+    for m in data["models"]:
+        if m["name"] == "gated":
+            m["init_kwargs"]["gate_path"] = str(gate)
+    return load_config(data)
+
+
+@pytest.fixture(scope="session")
+def app(ray_address, tmp_path_factory) -> App:
+    """The shared app, deployed once on 127.0.0.1 at a free port."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    gate = tmp_path_factory.mktemp("gate") / "closed"
+    config = load_test_config(gate)
+    handle = serve.run(build_app(config), name=config.app_name,
+                       route_prefix=config.ingress.route_prefix)
+    yield App(config.app_name, f"http://127.0.0.1:{port}", port, handle, config, gate,
+              ray_address)
+    serve.shutdown()
+
+
+@pytest.fixture
+def gate(app: App):
+    """Closes the `gated` model's gate for one test; opens it and waits for the model to idle."""
+
+    class Gate:
+        def close(self) -> None:
+            app.gate.touch()
+
+        def open(self) -> None:
+            app.gate.unlink(missing_ok=True)
+
+    g = Gate()
+    yield g
+    g.open()
+    wait_until(lambda: (lambda s: s["open_requests"] == 0 and s["inflight_batches"] == 0)(
+        app.stats("gated")), timeout_s=30, what="the gated model to finish")
+
+
+def arun(coro, timeout_s: float = 120.0):
+    """Run a coroutine in a fresh event loop, bounded."""
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))

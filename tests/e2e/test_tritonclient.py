@@ -1,0 +1,94 @@
+"""Triton's own `tritonclient.http`, unchanged, against the shared app over real HTTP."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{app.port}", network_timeout=60)
+    yield c
+    c.close()
+
+
+def infer(client, x: np.ndarray, *, binary: bool, model: str = "square", **kwargs):
+    tensor = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+    return client.infer(model, [tensor], outputs=[wanted], **kwargs)
+
+
+def test_health(client):
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("square")
+    assert not client.is_model_ready("nope")
+
+
+def test_server_and_model_metadata(client):
+    assert client.get_server_metadata()["name"] == "raybatch"
+    meta = client.get_model_metadata("square")
+    assert meta["name"] == "square"
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}]
+    assert meta["outputs"] == [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]
+
+
+def test_model_config(client):
+    config = client.get_model_config("square")
+    assert config["name"] == "square"
+    assert config["max_batch_size"] == 64
+    assert [t["name"] for t in config["input"]] == ["INPUT0"]
+    assert [t["name"] for t in config["output"]] == ["OUTPUT0"]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer(client, binary):
+    x = np.array([0.5, -3.0, 12.25, 7.0], np.float32)
+    result = infer(client, x, binary=binary, request_id=f"req-{binary}")
+    y = result.as_numpy("OUTPUT0")
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, x * x)
+    response = result.get_response()
+    assert response["model_name"] == "square" and response["id"] == f"req-{binary}"
+    assert ("binary_data_size" in response["outputs"][0].get("parameters", {})) is binary
+
+
+def test_infer_with_priority_and_timeout(client):
+    x = np.array([2.0, 3.0], np.float32)
+    y = infer(client, x, binary=True, priority=1, timeout=30_000_000).as_numpy("OUTPUT0")
+    np.testing.assert_array_equal(y, x * x)
+    with pytest.raises(InferenceServerException, match="priority=4 is out of range") as e:
+        infer(client, x, binary=True, priority=4)
+    assert e.value.status() == "400"
+
+
+def test_infer_of_an_unknown_model_raises(client):
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as e:
+        infer(client, np.array([1.0], np.float32), binary=True, model="nope")
+    assert e.value.status() == "404"
+
+
+def test_inference_statistics_show_batches(client):
+    for _ in range(3):
+        infer(client, np.array([1.0, 2.0, 3.0], np.float32), binary=True)
+    (stats,) = client.get_inference_statistics("square")["model_stats"]
+    assert stats["name"] == "square" and stats["version"] == "1"
+    assert int(stats["inference_count"]) >= 9
+    assert int(stats["execution_count"]) >= 1
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"])
+             for b in stats["batch_stats"]}
+    assert sizes and all(n >= 1 for n in sizes.values())
+    assert sum(size * n for size, n in sizes.items()) == int(stats["inference_count"])
+    assert int(stats["inference_stats"]["success"]["count"]) >= 3
+
+
+def test_inference_statistics_of_all_models(app, client):
+    infer(client, np.array([1.0], np.float32), binary=False)
+    stats = client.get_inference_statistics()["model_stats"]
+    assert sorted(s["name"] for s in stats) == sorted(m.name for m in app.config.models)

@@ -1,0 +1,57 @@
+"""The `raybatch` command line against real Ray: `status` on the running app, and `up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import CONFIGS, ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def raybatch(*args: str, env: dict | None = None, timeout_s: float = 120):
+    exe = shutil.which("raybatch", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "cluster.cli"]
+    return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env=env)
+
+
+def test_status_json_reports_every_model_of_the_running_app(app):
+    proc = raybatch("status", "--json", "--address", app.gcs_address, "--app", app.name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(proc.stdout)
+    assert sorted(stats) == sorted(m.name for m in app.config.models)
+    assert stats["slowsquare"]["replicas"] == 2
+    for model, s in stats.items():
+        want = app.config.model(model).replicas.min_replicas
+        assert len(s["replica_info"]) == s["replicas"] >= want
+        assert {r["state"] for r in s["replica_info"]} == {"ALIVE"}, s["replica_info"]
+        assert {"batches", "by_reason", "queued_requests", "success"} <= set(s)
+
+
+def test_status_prints_replicas_and_batches_for_people(app):
+    proc = raybatch("status", "--address", app.gcs_address, "--app", app.name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"^slowsquare: 2 replicas, queued \d+ requests", out, re.M), out
+    assert re.search(r"^  replica-\d+: ALIVE, node \w+ cpus \[", out, re.M), out
+
+
+@pytest.mark.slow
+def test_up_starts_a_local_ray_deploys_and_prints_where_it_serves():
+    # Its own Ray, not the session's: the embedded default of `raybatch up`.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    port = free_port()
+    proc = raybatch("up", "--exit-after-deploy", "--port", str(port), "--num-cpus", "2",
+                    "--config", str(CONFIGS / "small.yaml"), env=env, timeout_s=170)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    base = f"http://127.0.0.1:{port}/small"  # the config's ingress.route_prefix
+    assert f"Raybatch is serving at {base}\n" in proc.stdout, proc.stdout
+    assert f"square     {base}/v2/models/square/infer" in proc.stdout, proc.stdout

@@ -1,0 +1,64 @@
+"""The Python path: a Serve DeploymentHandle, and RaybatchClient bundling many calls into few."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from batching.errors import InvalidRequest
+from deployments.client import RaybatchClient
+from deployments.ingress import UnknownModel
+from tests.conftest import arun
+
+pytestmark = pytest.mark.integration
+
+
+def test_handle_infer_returns_the_outputs(app):
+    x = np.array([1.5, -2.0, 3.0], np.float32)
+    out = app.handle.infer.remote("square", {"INPUT0": x}).result(timeout_s=30)
+    assert list(out) == ["OUTPUT0"]
+    assert out["OUTPUT0"].dtype == np.float32
+    np.testing.assert_array_equal(out["OUTPUT0"], x * x)
+
+
+def test_handle_errors_are_raised_to_the_caller(app):
+    x = np.array([1.0], np.float32)
+    with pytest.raises(UnknownModel, match="unknown model 'nope'"):
+        app.handle.infer.remote("nope", {"INPUT0": x}).result(timeout_s=30)
+    with pytest.raises(InvalidRequest, match="priority=7 is out of range"):
+        app.handle.infer.remote("square", {"INPUT0": x}, {"priority": 7}).result(timeout_s=30)
+
+
+def test_client_gives_500_concurrent_callers_their_own_results_in_few_calls(app):
+    xs = [np.array([i, i + 0.5], np.float32) for i in range(500)]
+
+    async def main():
+        client = RaybatchClient(app.handle)
+        outs = await asyncio.gather(*(client.infer("square", {"INPUT0": x}) for x in xs))
+        return client.calls, outs
+
+    before = app.stats("square")
+    calls, outs = arun(main())
+    for x, out in zip(xs, outs, strict=True):
+        np.testing.assert_array_equal(out["OUTPUT0"], x * x)
+    assert calls <= 5, f"{calls} handle calls for 500 requests: the client did not coalesce"
+    after = app.stats("square")
+    assert after["success"]["count"] - before["success"]["count"] == 500
+    assert after["items"] - before["items"] == 1000
+    assert after["batches"] - before["batches"] < 500  # the batcher batched them too
+
+
+def test_client_hands_each_caller_its_own_error(app):
+    async def main():
+        client = RaybatchClient(app.handle)
+        good = client.infer("square", {"INPUT0": np.array([3.0], np.float32)})
+        empty = client.infer("square", {"INPUT0": np.zeros(0, np.float32)})
+        wrong = client.infer("square", {"WRONG": np.array([1.0], np.float32)})
+        return await asyncio.gather(good, empty, wrong, return_exceptions=True)
+
+    good, empty, wrong = arun(main())
+    np.testing.assert_array_equal(good["OUTPUT0"], [9.0])
+    assert isinstance(empty, InvalidRequest) and "empty batch dimension" in str(empty)
+    assert isinstance(wrong, InvalidRequest) and "exactly one input 'INPUT0'" in str(wrong)

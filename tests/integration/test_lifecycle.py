@@ -1,0 +1,67 @@
+"""Deleting an app stops its batching actors and, with them, every replica actor they own.
+
+Run on a small app of its own, deployed beside the shared one, which must not be touched.
+Actors are read from the GCS (`ray._private.state.actors()`), which needs no dashboard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cluster.config import load_config
+from tests.conftest import CONFIGS, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def actors() -> dict[str, dict]:
+    from ray._private import state
+
+    return state.actors()
+
+
+def owned_by(table: dict[str, dict], owner_ids: set[str]) -> set[str]:
+    """Ids of the ModelReplica actors whose owner is one of the actors `owner_ids`."""
+
+    def where(address: dict) -> tuple:
+        return address["IPAddress"], address["Port"]
+
+    owners = {where(table[a]["Address"]) for a in owner_ids}
+    return {a for a, info in table.items() if info["ActorClassName"] == "ModelReplica"
+            and where(info["OwnerAddress"]) in owners}
+
+
+def test_deleting_the_app_leaves_no_batcher_or_replica_alive(app):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    config = load_config(CONFIGS / "small.yaml")
+    name = config.app_name
+    handle = serve.run(build_app(config), name=name, route_prefix=config.ingress.route_prefix)
+    out = handle.infer.remote("square", {"INPUT0": np.array([5.0], np.float32)})
+    np.testing.assert_array_equal(out.result(timeout_s=30)["OUTPUT0"], [25.0])
+
+    table = actors()
+    batchers = {a for a, info in table.items() if info["ActorClassName"] == "BatcherActor"
+                and f"::{name}::" in info["Name"] and info["State"] == "ALIVE"}
+    assert len(batchers) == 1, [table[a]["Name"] for a in batchers]
+    replicas = owned_by(table, batchers)
+    assert len(replicas) == 1 and all(table[a]["State"] == "ALIVE" for a in replicas)
+    shared = {a for a, info in table.items() if info["State"] == "ALIVE"
+              and info["ActorClassName"] in ("BatcherActor", "ModelReplica")} - batchers - replicas
+    assert shared, "the shared app's actors should be listed too"
+
+    serve.delete(name)
+
+    def lingering() -> dict[str, str]:
+        t = actors()
+        return {a: t[a]["ActorClassName"] for a in batchers | replicas if t[a]["State"] != "DEAD"}
+
+    wait_until(lambda: not lingering(), timeout_s=30, what=f"the actors of {name!r} to die")
+    t = actors()
+    alive = {a for a, info in t.items() if info["State"] == "ALIVE"
+             and info["ActorClassName"] in ("BatcherActor", "ModelReplica")}
+    assert alive == shared, "after the delete, exactly the shared app's actors are alive"
+    assert app.stats("square")["replicas"] == 1

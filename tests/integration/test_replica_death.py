@@ -1,0 +1,83 @@
+"""A replica actor killed under load: every request still ends once, with its own result.
+
+`slowsquare` (x², 10 ms per batch of at most 8) runs on two replicas. The test
+sends 800 requests of distinct inputs, kills one replica's process while it has
+batches outstanding, and checks that each caller got exactly x² of its own x
+(the batches of the dead replica included), that nothing failed, that the
+batcher counted each request once, and that the pool started a replacement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from batching.errors import WorkerDied
+from deployments.client import RaybatchClient
+from tests.conftest import arun, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "slowsquare"
+N = 800
+
+
+def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
+    before = app.stats(MODEL)
+    assert before["replicas"] == 2, before["replica_info"]
+    victim = before["replica_info"][0]
+    xs = [np.array([i, i + 0.25], np.float32) for i in range(N)]
+
+    async def one(client: RaybatchClient, i: int):
+        try:
+            return i, await client.infer(MODEL, {"INPUT0": xs[i]})
+        except WorkerDied as e:
+            return i, e
+
+    async def main():
+        client = RaybatchClient(app.handle)
+        first = [asyncio.ensure_future(one(client, i)) for i in range(N // 2)]
+        while True:  # kill only once the victim is busy: its batches must be retried
+            s = await app.astats(MODEL)
+            busy = [r for r in s["replica_info"]
+                    if r["index"] == victim["index"] and r.get("outstanding_batches", 0) > 0]
+            if busy and s["batches"] > before["batches"]:
+                break
+            assert not all(f.done() for f in first), "the load ended before the kill"
+            await asyncio.sleep(0.005)
+        # SIGKILL, as the OOM killer would: the actor dies with no chance to clean up.
+        # (The test shares the node with the cluster; the batcher reports the pid.)
+        os.kill(victim["pid"], signal.SIGKILL)
+        second = [asyncio.ensure_future(one(client, i)) for i in range(N // 2, N)]
+        return await asyncio.gather(*first, *second)
+
+    results = arun(main())
+
+    assert sorted(i for i, _ in results) == list(range(N))  # every request ended once
+    errors = [(i, r) for i, r in results if isinstance(r, BaseException)]
+    assert errors == [], f"{len(errors)} requests failed, e.g. {errors[:3]}"
+    for i, out in results:
+        np.testing.assert_array_equal(out["OUTPUT0"], xs[i] * xs[i], err_msg=f"request {i}")
+
+    after = app.stats(MODEL)
+    assert after["success"]["count"] - before["success"]["count"] == N
+    assert after["fail"]["count"] == before["fail"]["count"]
+    assert after["items"] - before["items"] == 2 * N  # no request was batched twice
+    assert after["open_requests"] == 0
+
+    def replaced():
+        s = app.stats(MODEL)
+        infos = s["replica_info"]
+        alive = [r for r in infos if r["state"] == "ALIVE"]
+        ok = (s["replicas"] == 2 and len(alive) == 2
+              and victim["index"] not in {r["index"] for r in infos})
+        return ok and infos
+
+    infos = wait_until(replaced, timeout_s=60, what="the pool to be back to 2 live replicas")
+    assert victim["pid"] not in {r["pid"] for r in infos}
+    out = app.handle.infer.remote(MODEL, {"INPUT0": np.array([4.0], np.float32)})
+    np.testing.assert_array_equal(out.result(timeout_s=30)["OUTPUT0"], [16.0])

@@ -1,0 +1,51 @@
+"""Test-only transformers, imported by model replicas as `tests.models:Name`.
+
+- `SlowSquare`: y = x² after a short sleep per batch, so batches are still in
+  flight when a test kills a replica (an injective function of distinct inputs:
+  an answer sent to the wrong request cannot go unnoticed).
+- `Gated`: y = x + 1, but a batch waits while the gate file exists, so a test
+  decides when the replica is busy (queue-full and deadline tests) without
+  guessing how long to sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from batching.model import VectorTransformer
+
+
+class SlowSquare(VectorTransformer):
+    """FP32 [-1] → x², sleeping `delay_ms` per batch."""
+
+    def __init__(self, delay_ms: float = 5.0) -> None:
+        self.delay_s = delay_ms / 1e3
+
+    def preprocess(self, items: Sequence[Any]) -> np.ndarray:
+        return np.asarray(items, dtype=np.float32)
+
+    def transform(self, xs: np.ndarray) -> np.ndarray:
+        time.sleep(self.delay_s)
+        return xs * xs
+
+
+class Gated(VectorTransformer):
+    """FP32 [-1] → x + 1, once the file `gate_path` no longer exists (at most `max_wait_s`)."""
+
+    def __init__(self, gate_path: str, max_wait_s: float = 60.0) -> None:
+        self.gate_path = gate_path
+        self.max_wait_s = max_wait_s
+
+    def preprocess(self, items: Sequence[Any]) -> np.ndarray:
+        return np.asarray(items, dtype=np.float32)
+
+    def transform(self, xs: np.ndarray) -> np.ndarray:
+        give_up = time.monotonic() + self.max_wait_s
+        while os.path.exists(self.gate_path) and time.monotonic() < give_up:
+            time.sleep(0.005)
+        return xs + 1
