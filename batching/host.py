@@ -71,6 +71,8 @@ class BatchHost:
         self._submitted: dict[RequestId, float] = {}  # submit time, for statistics
         self._inflight: dict[int, Batch] = {}
         self._retried: set[int] = set()
+        self.replica_deaths = 0
+        self.retried_batches = 0
         self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
         self._loop = asyncio.get_running_loop()
         self._pump_scheduled = False
@@ -156,6 +158,8 @@ class BatchHost:
             "inflight_batches": len(self._inflight),
             "open_requests": len(self._futures),
             "replicas": len(self._slots),
+            "replica_deaths": self.replica_deaths,
+            "retried_batches": self.retried_batches,
             "latency_model": {"a_ms": a * 1e3, "b_ms_per_cost": b * 1e3,
                               "warm": self.engine.latency.warm},
         }
@@ -230,6 +234,7 @@ class BatchHost:
 
     def _replica_died(self, slot: _Slot, batch: Batch, error: BaseException) -> None:
         if any(s is slot for s in self._slots):
+            self.replica_deaths += 1
             log.error("replica %s died: %s", slot.client.name, error)
             self.remove_replica(slot.client)
             self._on_replica_died(slot.client)
@@ -240,6 +245,7 @@ class BatchHost:
             self._schedule_pump()
             return
         self._retried.add(batch.id)
+        self.retried_batches += 1
         live = [s for s in self._slots if s.inflight < self.max_inflight]
         if live:
             target = min(live, key=lambda s: s.inflight)

@@ -168,35 +168,43 @@ class Ingress:
             return JSONResponse({"model_stats": out})
         return await self._guard(stats)
 
+    # Every model route also answers under /versions/{version}, as Triton's do.
     @api.get("/v2/models/{model}")
-    async def model_metadata(self, model: str) -> Response:
-        return await self._guard(lambda: JSONResponse(metadata_json(self._model(model).spec)))
+    @api.get("/v2/models/{model}/versions/{version}")
+    async def model_metadata(self, model: str, version: str | None = None) -> Response:
+        return await self._guard(lambda: JSONResponse(
+            metadata_json(self._model(model, version).spec)))
 
     @api.get("/v2/models/{model}/config")
-    async def model_config(self, model: str) -> Response:
+    @api.get("/v2/models/{model}/versions/{version}/config")
+    async def model_config(self, model: str, version: str | None = None) -> Response:
         return await self._guard(lambda: JSONResponse(
-            model_config_json(self._model(model).spec)))
+            model_config_json(self._model(model, version).spec)))
 
     @api.get("/v2/models/{model}/ready")
-    async def model_ready(self, model: str) -> Response:
+    @api.get("/v2/models/{model}/versions/{version}/ready")
+    async def model_ready(self, model: str, version: str | None = None) -> Response:
         async def check() -> Response:
-            ok = await self._is_ready(self._model(model))
+            ok = await self._is_ready(self._model(model, version))
             return Response(status_code=200 if ok else 503)
         return await self._guard(check)
 
     @api.get("/v2/models/{model}/stats")
-    async def model_stats(self, model: str) -> Response:
+    @api.get("/v2/models/{model}/versions/{version}/stats")
+    async def model_stats(self, model: str, version: str | None = None) -> Response:
         async def stats() -> Response:
-            m = self._model(model)
+            m = self._model(model, version)
             actor = serve.get_deployment_actor(batcher_actor_name(model))
             raw = await actor.stats.remote()
             return JSONResponse({"model_stats": [model_counters_json(m.spec, raw)]})
         return await self._guard(stats)
 
     @api.post("/v2/models/{model}/infer")
-    async def infer_http(self, model: str, request: Request) -> Response:
+    @api.post("/v2/models/{model}/versions/{version}/infer")
+    async def infer_http(self, model: str, request: Request,
+                         version: str | None = None) -> Response:
         async def infer() -> Response:
-            m = self._model(model)
+            m = self._model(model, version)
             limit = self.config.ingress.max_body_bytes
             check_content_length(request.headers, limit)
             body = await request.body()
@@ -210,10 +218,13 @@ class Ingress:
         return await self._guard(infer)
 
     # -- shared path ----------------------------------------------------------------------
-    def _model(self, name: str) -> _Model:
+    def _model(self, name: str, version: str | None = None) -> _Model:
         m = self.models.get(name)
         if m is None:
             raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.models)}")
+        if version not in (None, "", m.config.version):
+            raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
+                               f"{version!r}: leave the version out or ask for that one")
         return m
 
     def _input_array(self, m: _Model, inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -92,3 +92,12 @@ def test_inference_statistics_of_all_models(app, client):
     infer(client, np.array([1.0], np.float32), binary=False)
     stats = client.get_inference_statistics()["model_stats"]
     assert sorted(s["name"] for s in stats) == sorted(m.name for m in app.config.models)
+
+
+def test_versioned_routes_serve_the_configured_version_and_404_others(client):
+    assert client.is_model_ready("square", model_version="1")
+    assert client.get_model_metadata("square", model_version="1")["name"] == "square"
+    res = infer(client, np.array([3.0], dtype=np.float32), binary=True, model_version="1")
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), [9.0])
+    with pytest.raises(InferenceServerException, match="has version '1', not '7'"):
+        infer(client, np.array([3.0], dtype=np.float32), binary=True, model_version="7")

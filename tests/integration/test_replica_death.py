@@ -68,6 +68,8 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
     assert after["fail"]["count"] == before["fail"]["count"]
     assert after["items"] - before["items"] == 2 * N  # no request was batched twice
     assert after["open_requests"] == 0
+    assert after["replica_deaths"] - before["replica_deaths"] == 1
+    assert after["retried_batches"] > before["retried_batches"]  # its batches ran again
 
     def replaced():
         s = app.stats(MODEL)
