@@ -34,6 +34,26 @@ def _status(args: argparse.Namespace) -> int:
     return status(args)
 
 
+def _build(args: argparse.Namespace) -> int:
+    from cluster.config import load_config
+    from cluster.render import serve_config_yaml
+
+    text = serve_config_yaml(load_config(args.config or _demo_config()))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: deploy it with `serve deploy {args.output}`")
+    else:
+        print(text, end="")
+    return 0
+
+
+def _demo_config() -> str:
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parent.parent / "deployments" / "configs" / "demo.yaml")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cluster import serving
 
@@ -47,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
     serving.add_status_arguments(st)
     st.set_defaults(func=_status)
+
+    build = sub.add_parser("build", help="render a self-contained Serve config for serve deploy")
+    build.add_argument("--config", help="YAML config (default: the bundled demo)")
+    build.add_argument("-o", "--output", help="write here instead of stdout")
+    build.set_defaults(func=_build)
 
     demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
     demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")

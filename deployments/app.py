@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ray import serve
 from ray.serve.config import DeploymentActorConfig
@@ -40,8 +41,9 @@ def build_app(config: RaybatchConfig) -> serve.Application:
     return deployment.bind(config.model_dump_json())
 
 
-def app_builder(args: dict[str, str]) -> serve.Application:
-    """For `serve run deployments.app:app_builder config=FILE`."""
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """For `serve run deployments.app:app_builder config=FILE`, and for the files
+    `raybatch build` renders, whose `args.config` holds the whole config inline."""
     return build_app(load_config(args.get("config", DEMO_CONFIG)))
 
 

@@ -1,0 +1,63 @@
+"""The YAML config: validated once, messages that name the field, the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.config import ConfigError, import_object, load_config
+
+MODEL = {
+    "name": "square", "transformer": "deployments.models:Square",
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "fp32", "shape": [-1]}],
+}
+
+
+def bad(match: str, **model) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config({"models": [{**MODEL, **model}]})
+
+
+def test_the_demo_config_loads(tmp_path):
+    from deployments.app import DEMO_CONFIG
+
+    cfg = load_config(DEMO_CONFIG)
+    assert {m.name for m in cfg.models} >= {"square", "mlp"}
+    assert cfg.model("square").outputs[0].datatype == "FP32"  # normalised to upper case
+
+
+def test_messages_name_the_field_the_value_and_the_fix():
+    bad(r"models\.0\.batching\.max_batch_size=0: must be greater than or equal to 1",
+        batching={"max_batch_size": 0})
+    bad(r"min_replicas=3 exceeds max_replicas=2: lower min_replicas or raise max_replicas",
+        replicas={"min_replicas": 3, "max_replicas": 2})
+    bad(r"shape=\[3\] must start with -1, the batch dimension",
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [3]}])
+    bad(r"datatype='FP33' is not one of", inputs=[{"name": "x", "datatype": "FP33",
+                                                   "shape": [-1]}])
+    bad(r"transformer='Square' must look like 'package.module:ClassName'", transformer="Square")
+    bad(r"name='a b' must be letters", name="a b")
+    bad(r"preferred_batch_sizes \[64\] exceed max_batch_size=8",
+        batching={"max_batch_size": 8, "preferred_batch_sizes": [64]})
+
+
+def test_duplicate_model_names_and_unknown_keys_are_refused():
+    with pytest.raises(ConfigError, match=r"model names \['square'\] appear more than once"):
+        load_config({"models": [MODEL, MODEL]})
+    with pytest.raises(ConfigError, match="max_batch_sise"):
+        load_config({"models": [{**MODEL, "batching": {"max_batch_sise": 4}}]})
+
+
+def test_files_missing_or_not_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("models: [\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(broken)
+
+
+def test_import_object_says_what_failed():
+    assert import_object("deployments.models:Square").__name__ == "Square"
+    with pytest.raises(ConfigError, match=r"cannot import 'deployments\.models:Nope'"):
+        import_object("deployments.models:Nope")

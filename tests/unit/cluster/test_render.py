@@ -1,0 +1,53 @@
+"""`raybatch build`: a Serve config that Ray accepts and that carries our whole config."""
+
+from __future__ import annotations
+
+import yaml
+
+from cluster.cli import main
+from cluster.config import load_config
+from cluster.render import APP_BUILDER, serve_config
+
+
+def _config(**ingress):
+    return load_config({
+        "app_name": "shop",
+        "ingress": {"route_prefix": "/ml", "host": "0.0.0.0", "port": 9000, **ingress},
+        "models": [{
+            "name": "square", "transformer": "deployments.models:Square",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+            "batching": {"max_batch_size": 16, "max_queue_delay_s": 0.004,
+                         "preferred_batch_sizes": [8]},
+        }],
+    })
+
+
+def test_rendered_config_is_accepted_by_serve_and_self_contained():
+    from ray.serve.schema import ServeDeploySchema
+
+    cfg = _config()
+    rendered = serve_config(cfg)
+    schema = ServeDeploySchema.model_validate(rendered)
+    (app,) = schema.applications
+    assert (app.name, app.route_prefix, app.import_path) == ("shop", "/ml", APP_BUILDER)
+    assert (schema.http_options.host, schema.http_options.port) == ("0.0.0.0", 9000)
+    assert load_config(app.args["config"]) == cfg  # round-trips: nothing lost
+
+
+def test_app_builder_builds_from_the_inline_config():
+    from deployments.app import app_builder
+
+    args = serve_config(_config())["applications"][0]["args"]
+    app = app_builder(args)
+    assert type(app).__name__ == "Application"
+
+
+def test_cli_build_writes_yaml(tmp_path, capsys):
+    out = tmp_path / "serve.yaml"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(_config().model_dump(mode="json")))
+    assert main(["build", "--config", str(cfg), "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    assert data["applications"][0]["args"]["config"]["app_name"] == "shop"
+    assert "serve deploy" in capsys.readouterr().out
