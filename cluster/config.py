@@ -90,6 +90,15 @@ class ReplicaConfig(BaseModel):
         return self
 
 
+class BatcherConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shards: int = Field(default=1, ge=1)
+    """Batching actors for this model; each owns its share of the replicas."""
+    num_cpus: float = Field(default=0.0, ge=0)
+    """CPUs each batching actor reserves."""
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,6 +113,7 @@ class ModelConfig(BaseModel):
     outputs: tuple[TensorConfig, ...]
     batching: DynamicPolicy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
     replicas: ReplicaConfig = ReplicaConfig()
+    batcher: BatcherConfig = BatcherConfig()
 
     @field_validator("name")
     @classmethod
@@ -161,6 +171,7 @@ class RaybatchConfig(BaseModel):
         return self
 
     def model(self, name: str) -> ModelConfig:
+        """The model named `name`; KeyError if there is none."""
         for m in self.models:
             if m.name == name:
                 return m

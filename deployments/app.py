@@ -26,12 +26,13 @@ DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 def build_app(config: RaybatchConfig) -> serve.Application:
     actors = [
         DeploymentActorConfig(
-            name=batcher_actor_name(m.name),
+            name=batcher_actor_name(m.name, shard),
             actor_class=BatcherActor,
-            init_kwargs={"model_json": m.model_dump_json()},
-            actor_options={"num_cpus": 0, "max_concurrency": 10_000},
+            init_kwargs={"model_json": m.model_dump_json(), "shard": shard},
+            actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000},
         )
         for m in config.models
+        for shard in range(m.batcher.shards)
     ]
     deployment = Ingress.options(
         num_replicas=config.ingress.num_replicas,

@@ -40,8 +40,9 @@ Outcome = tuple[Any, Any, "BaseException | None"]
 # path into the config, and Serve needs a Ray actor class there when it deploys the file.
 @ray.remote
 class BatcherActor:
-    def __init__(self, model_json: str) -> None:
-        self.config = ModelConfig.model_validate_json(model_json)
+    def __init__(self, model_json: str, shard: int = 0) -> None:
+        self.config = shard_config(ModelConfig.model_validate_json(model_json))
+        self.shard = shard
         self._ids = itertools.count()
         self._started: asyncio.Future | None = None
         self.host: BatchHost | None = None
@@ -87,13 +88,23 @@ class BatcherActor:
     async def stats(self) -> dict[str, Any]:
         await self._ensure_started()
         assert self.host is not None and self.pool is not None
-        return {**self.host.stats(), "replica_info": await self.pool.info()}
+        info = [{**r, "shard": self.shard} for r in await self.pool.info()]
+        return {**self.host.stats(), "replica_info": info}
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         if self.host is not None:
             await self.host.close(timeout_s)
         if self.pool is not None:
             self.pool.stop()
+
+
+def shard_config(config: ModelConfig) -> ModelConfig:
+    """The config one shard runs: its share (rounded up) of the model's replicas."""
+    n = config.batcher.shards
+    r = config.replicas
+    share = r.model_copy(update={"min_replicas": -(-r.min_replicas // n),
+                                 "max_replicas": -(-r.max_replicas // n)})
+    return config.model_copy(update={"replicas": share})
 
 
 def _outcome(key: Any, fut: asyncio.Future) -> Outcome:

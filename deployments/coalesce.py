@@ -36,6 +36,11 @@ class Coalescer:
         self._futures: dict[int, asyncio.Future] = {}
         self.bundles_sent = 0
 
+    @property
+    def outstanding(self) -> int:
+        """Requests sent or about to be sent that have no outcome yet."""
+        return len(self._futures)
+
     def submit(self, items: Any, priority: int | None, timeout_s: float | None) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         key = next(self._keys)

@@ -36,7 +36,7 @@ from deployments.protocol import (
     server_metadata_json,
 )
 from deployments.protocol_binary import NUMPY_DTYPES
-from deployments.stats import model_counters_json
+from deployments.stats import merge_stats, model_counters_json
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
@@ -50,8 +50,8 @@ class NotReady(RaybatchError):
     http_status = 503
 
 
-def batcher_actor_name(model: str) -> str:
-    return f"batcher-{model}"
+def batcher_actor_name(model: str, shard: int = 0) -> str:
+    return f"batcher-{model}" if shard == 0 else f"batcher-{model}-{shard}"
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
@@ -63,12 +63,16 @@ def model_spec(m: ModelConfig) -> ModelSpec:
     )
 
 
+def _actor_getter(name: str) -> Any:
+    return lambda: serve.get_deployment_actor(name)
+
+
 class _Model:
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.spec = model_spec(config)
-        actor_name = batcher_actor_name(config.name)
-        self.coalescer = Coalescer(lambda: serve.get_deployment_actor(actor_name))
+        self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
+        self.shards = [Coalescer(_actor_getter(name)) for name in self.names]
         self.ready: asyncio.Future | None = None
 
 
@@ -102,13 +106,13 @@ class Ingress:
         deadline = time.monotonic() + timeout_s
         while True:  # the deployment-scoped actor may not be registered yet
             try:
-                actor = serve.get_deployment_actor(batcher_actor_name(m.config.name))
+                actors = [serve.get_deployment_actor(name) for name in m.names]
                 break
             except ValueError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
-        await actor.ready.remote()
+        await asyncio.gather(*(a.ready.remote() for a in actors))
         m.ready = asyncio.get_running_loop().create_future()
         m.ready.set_result(True)
 
@@ -137,11 +141,7 @@ class Ingress:
         return list(await asyncio.gather(*futs, return_exceptions=True))
 
     async def status(self) -> dict[str, Any]:
-        out = {}
-        for name in self.models:
-            actor = serve.get_deployment_actor(batcher_actor_name(name))
-            out[name] = await actor.stats.remote()
-        return out
+        return {name: await self._stats(m) for name, m in self.models.items()}
 
     # -- HTTP: the Open Inference Protocol ----------------------------------------------
     @api.get("/v2")
@@ -162,9 +162,8 @@ class Ingress:
     async def all_model_stats(self) -> Response:
         async def stats() -> Response:
             out = []
-            for name, m in self.models.items():
-                actor = serve.get_deployment_actor(batcher_actor_name(name))
-                out.append(model_counters_json(m.spec, await actor.stats.remote()))
+            for m in self.models.values():
+                out.append(model_counters_json(m.spec, await self._stats(m)))
             return JSONResponse({"model_stats": out})
         return await self._guard(stats)
 
@@ -194,8 +193,7 @@ class Ingress:
     async def model_stats(self, model: str, version: str | None = None) -> Response:
         async def stats() -> Response:
             m = self._model(model, version)
-            actor = serve.get_deployment_actor(batcher_actor_name(model))
-            raw = await actor.stats.remote()
+            raw = await self._stats(m)
             return JSONResponse({"model_stats": [model_counters_json(m.spec, raw)]})
         return await self._guard(stats)
 
@@ -246,15 +244,20 @@ class Ingress:
         default = self.config.ingress.default_timeout_s
         if default is not None:
             timeout_s = min(timeout_s, default) if timeout_s else default
-        value = await m.coalescer.submit(array, priority, timeout_s)
+        shard = min(m.shards, key=lambda c: c.outstanding)  # least outstanding work
+        value = await shard.submit(array, priority, timeout_s)
         (out,) = m.config.outputs
         dtype = NUMPY_DTYPES[out.datatype]
         return {out.name: np.asarray(value, dtype=dtype)}
 
+    async def _stats(self, m: _Model) -> dict[str, Any]:
+        actors = [serve.get_deployment_actor(name) for name in m.names]
+        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in actors)))
+
     async def _is_ready(self, m: _Model) -> bool:
         if m.ready is None:
-            actor = serve.get_deployment_actor(batcher_actor_name(m.config.name))
-            m.ready = asyncio.ensure_future(actor.ready.remote())
+            actors = [serve.get_deployment_actor(name) for name in m.names]
+            m.ready = asyncio.ensure_future(asyncio.gather(*(a.ready.remote() for a in actors)))
         if not m.ready.done():
             await asyncio.wait([m.ready], timeout=0.2)
         if m.ready.done() and m.ready.exception() is not None:

@@ -18,6 +18,33 @@ from deployments.protocol_metadata import (
     model_stat_json,
 )
 
+_SUMMED = ("batches", "items", "queued_requests", "queued_items", "inflight_batches",
+           "open_requests", "replicas", "replica_deaths", "retried_batches")
+_COUNTERS = ("by_size", "by_reason", "compute_s_by_size")
+_DURATIONS = ("success", "fail", "queue")
+
+
+def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """One model's statistics from those of its batching shards (one shard: unchanged)."""
+    if len(shards) == 1:
+        return shards[0]
+    out: dict[str, Any] = {k: sum(s.get(k, 0) for s in shards) for k in _SUMMED}
+    for k in _COUNTERS:
+        merged: dict[Any, float] = {}
+        for s in shards:
+            for key, v in s.get(k, {}).items():
+                merged[key] = merged.get(key, 0) + v
+        out[k] = merged
+    for k in _DURATIONS:
+        out[k] = {f: sum(s[k][f] for s in shards) for f in ("count", "s")}
+    out["mean_batch_size"] = round(out["items"] / out["batches"], 3) if out["batches"] else 0.0
+    out["last_inference_ms"] = max(s.get("last_inference_ms", 0) for s in shards)
+    out["latency_model"] = [s.get("latency_model") for s in shards]
+    out["replica_info"] = [r for s in shards for r in s.get("replica_info", [])]
+    out["shards"] = len(shards)
+    out["items_by_shard"] = [s.get("items", 0) for s in shards]
+    return out
+
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
