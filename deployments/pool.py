@@ -27,6 +27,11 @@ from deployments.replica import ModelReplica
 
 log = logging.getLogger(__name__)
 SCALE_DOWN_IDLE_S = 30.0
+PENDING_WARN_S = 15.0
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
 
 
 class RayReplicaClient:
@@ -86,14 +91,28 @@ class ReplicaPool:
         return index, actor
 
     async def _serve(self, index: int, actor: Any) -> None:
+        ready = asyncio.ensure_future(_await(actor.info.remote()))
         try:
-            await actor.info.remote()
+            while True:
+                done, _ = await asyncio.wait([ready], timeout=PENDING_WARN_S)
+                if done:
+                    ready.result()
+                    break
+                # Pending is normal while an autoscaler adds a node; silent pending is not.
+                log.warning("%s replica-%d is not placed after %.0f s: it asks for %s; the "
+                            "cluster has %s free. Lower replicas.num_cpus/num_gpus or add nodes.",
+                            self.config.name, index, PENDING_WARN_S, self._demand(),
+                            ray.available_resources())
         except Exception as e:
             log.error("replica-%d of %s failed to start: %s", index, self.config.name, e)
             raise
         finally:
             self._starting.pop(index, None)
         self.host.add_replica(RayReplicaClient(actor, index))
+
+    def _demand(self) -> dict[str, float]:
+        r = self.config.replicas
+        return {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {}), **r.resources}
 
     def replaced(self, client: RayReplicaClient) -> None:
         """A replica died: start another in its place (called by the host)."""
