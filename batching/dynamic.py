@@ -61,6 +61,11 @@ class DynamicBatcher:
         self._draining = False
         self._blocked = False  # the last next_batch call had no free replica
         self._max_cost = policy.max_batch_cost or math.inf
+        # Per-level settings read on every submit, looked up once here.
+        self._default_level = policy.default_level
+        self._limits = [(q.max_queue_size, q.default_timeout_s or math.inf,
+                         q.allow_timeout_override)
+                        for q in map(policy.queue_policy, range(1, policy.priority_levels + 1))]
         self._last_arrival_s: float | None = None
         self._interarrival_s = math.inf
         self._request_cost = 1.0
@@ -92,25 +97,21 @@ class DynamicBatcher:
         if request.id in self._queued:
             raise InvalidRequest(f"request id {request.id!r} is already queued: ids must be unique")
         queue = self._levels[level - 1]
-        qpolicy = self.policy.queue_policy(level)
-        if qpolicy.max_queue_size is not None and queue.count >= qpolicy.max_queue_size:
+        max_size = self._limits[level - 1][0]
+        if max_size is not None and queue.count >= max_size:
             raise QueueFull(
                 f"priority level {level} already holds {queue.count} requests "
-                f"(max_queue_size={qpolicy.max_queue_size}): retry later"
+                f"(max_queue_size={max_size}): retry later"
             )
-        entry = Entry(
-            request=request,
-            level=level,
-            arrival_s=now,
-            deadline_s=now + self._timeout_of(request, level),
-            seq=next(self._seq),
-            cum_cost=self._cum_cost(request),
-        )
+        cum_cost = self._cum_cost(request)
+        entry = Entry(request, level, now, now + self._timeout_of(request, level),
+                      next(self._seq), cum_cost)
         queue.push(entry)
         self._queued[request.id] = entry
+        cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
         self._items += request.num_items
-        self._cost += entry.remaining_cost
-        self._note_arrival(now, entry.remaining_cost)
+        self._cost += cost
+        self._note_arrival(now, cost)
 
     def cancel(self, request_id: RequestId, now: float) -> bool:
         """Withdraw what of a request is still queued; True if anything was withdrawn."""
@@ -284,8 +285,8 @@ class DynamicBatcher:
 
     def _level_of(self, request: Request) -> int:
         prio = request.priority
-        if prio is None or prio == 0:
-            return self.policy.default_level
+        if not prio:
+            return self._default_level
         levels = self.policy.priority_levels
         if not 1 <= prio <= levels:
             raise InvalidRequest(
@@ -295,12 +296,11 @@ class DynamicBatcher:
         return prio
 
     def _timeout_of(self, request: Request, level: int) -> float:
-        qpolicy = self.policy.queue_policy(level)
-        timeout = qpolicy.default_timeout_s or math.inf
+        _, timeout, override = self._limits[level - 1]
         if request.timeout_s is not None:
             if request.timeout_s <= 0:
                 raise InvalidRequest(f"timeout_s={request.timeout_s} must be > 0 seconds")
-            if qpolicy.allow_timeout_override:
+            if override:
                 timeout = min(timeout, request.timeout_s)
         return timeout
 
