@@ -34,6 +34,12 @@ def _status(args: argparse.Namespace) -> int:
     return status(args)
 
 
+def _topology(args: argparse.Namespace) -> int:
+    from cluster import topology_cli
+
+    return topology_cli.run(args)
+
+
 def _build(args: argparse.Namespace) -> int:
     from cluster.config import load_config
     from cluster.render import serve_config_yaml
@@ -86,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     simulate.add_arguments(sim)
     sim.set_defaults(func=_simulate)
+
+    topo = sub.add_parser("topology", help="NUMA nodes, cores and GPUs here, and the affinity plan")
+    from cluster import topology_cli
+
+    topology_cli.add_arguments(topo)
+    topo.set_defaults(func=_topology)
     return parser
 
 
