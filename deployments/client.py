@@ -1,10 +1,13 @@
-"""`RaybatchClient`: a caller's concurrent requests, coalesced into few handle calls.
+"""`RaybatchClient`: a Python caller's requests, straight to the batching actors.
 
-A Serve handle call costs about a millisecond of CPU; a Python caller (another
-deployment, a Ray task) with a thousand concurrent requests would pay that a
-thousand times. The client gathers the calls made during one event-loop tick
-(same model, same parameters) into one `infer_bundle` call, and hands each
-caller its own result or its own exception.
+A Serve handle call costs about a millisecond of CPU and one more hop; a caller
+(another deployment, a Ray task, a notebook) with a thousand concurrent requests
+would pay that a thousand times. The client asks the ingress once per model for
+its route (the model's config and its batching actors' handles), then does in
+the caller's process what the ingress does: validate, pick the least-loaded
+shard, and coalesce every request of one event-loop tick into one streaming
+call. If a batching actor was recreated, the failed requests get `WorkerDied`
+and the next call fetches the route again.
 
     client = RaybatchClient()                       # the app named "raybatch"
     out = await client.infer("mlp", {"INPUT0": x})  # {"OUTPUT0": y}
@@ -13,10 +16,13 @@ caller its own result or its own exception.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import numpy as np
+
+from batching.errors import WorkerDied
+from cluster.config import ModelConfig
+from deployments.route import ModelRoute
 
 
 class RaybatchClient:
@@ -26,38 +32,39 @@ class RaybatchClient:
 
             handle = serve.get_app_handle(app_name)
         self._handle = handle
-        self._pending: dict[tuple[str, str], list[tuple[dict, asyncio.Future]]] = {}
-        self.calls = 0
+        self._routes: dict[str, asyncio.Future] = {}
+
+    @property
+    def calls(self) -> int:
+        """Ray calls sent to batching actors so far (one per bundle)."""
+        return sum(c.bundles_sent for f in self._routes.values() if f.done()
+                   and not f.exception() for c in f.result().shards)
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Outputs of one request; raises the error that ended it (QueueFull, ...)."""
-        loop = asyncio.get_running_loop()
-        key = (model, json.dumps(parameters or {}, sort_keys=True))
-        fut = loop.create_future()
-        group = self._pending.setdefault(key, [])
-        group.append((inputs, fut))
-        if len(group) == 1:
-            loop.call_soon(self._flush, key)
-        return await fut
-
-    def _flush(self, key: tuple[str, str]) -> None:
-        group = self._pending.pop(key, [])
-        if group:
-            self.calls += 1
-            asyncio.get_running_loop().create_task(self._send(key, group))
-
-    async def _send(self, key: tuple[str, str], group: list[tuple[dict, asyncio.Future]]) -> None:
-        model, params = key
+        route = await self._route(model)
         try:
-            results = await self._handle.infer_bundle.remote(
-                model, [inputs for inputs, _ in group], json.loads(params) or None)
-        except Exception as e:
-            results = [e] * len(group)
-        for (_, fut), result in zip(group, results):
-            if fut.done():
-                continue
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
+            return await route.infer(inputs, parameters)
+        except WorkerDied:
+            self._routes.pop(model, None)  # maybe a recreated actor: ask again next time
+            raise
+
+    async def _route(self, model: str) -> ModelRoute:
+        fut = self._routes.get(model)
+        if fut is None:  # one lookup per model, however many callers wait for it
+            fut = self._routes[model] = asyncio.ensure_future(self._fetch(model))
+        try:
+            return await asyncio.shield(fut)
+        except Exception:
+            self._routes.pop(model, None)
+            raise
+
+    async def _fetch(self, model: str) -> ModelRoute:
+        config_json, actors, default_timeout_s = await self._handle.route_info.remote(model)
+        config = ModelConfig.model_validate_json(config_json)
+        return ModelRoute(config, [_const(a) for a in actors], default_timeout_s)
+
+
+def _const(actor: Any) -> Any:
+    return lambda: actor

@@ -21,9 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from ray import serve
 
-from batching.errors import InvalidRequest, RaybatchError, http_status
+from batching.errors import RaybatchError, http_status
 from cluster.config import ModelConfig, RaybatchConfig
-from deployments.coalesce import Coalescer
 from deployments.protocol import (
     ModelSpec,
     TensorSpec,
@@ -35,7 +34,7 @@ from deployments.protocol import (
     parse_infer_request,
     server_metadata_json,
 )
-from deployments.protocol_binary import NUMPY_DTYPES
+from deployments.route import ModelRoute
 from deployments.stats import merge_stats, model_counters_json
 
 log = logging.getLogger(__name__)
@@ -68,11 +67,11 @@ def _actor_getter(name: str) -> Any:
 
 
 class _Model:
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, default_timeout_s: float | None) -> None:
         self.config = config
         self.spec = model_spec(config)
         self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
-        self.shards = [Coalescer(_actor_getter(name)) for name in self.names]
+        self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s)
         self.ready: asyncio.Future | None = None
 
 
@@ -99,7 +98,8 @@ class Ingress:
     async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.config = RaybatchConfig.model_validate_json(config_json)
-        self.models = {m.name: _Model(m) for m in self.config.models}
+        timeout = self.config.ingress.default_timeout_s
+        self.models = {m.name: _Model(m, timeout) for m in self.config.models}
         await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
 
     async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:
@@ -120,25 +120,29 @@ class Ingress:
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """`handle.infer.remote("mlp", {"INPUT0": x})` → `{"OUTPUT0": y}`."""
-        m = self._model(model)
-        params = parameters or {}
-        array = self._input_array(m, inputs)
-        return await self._run(m, array, params.get("priority"), params.get("timeout_s"))
+        return await self._model(model).route.infer(inputs, parameters)
 
     async def infer_bundle(self, model: str, bundle: list[dict[str, np.ndarray]],
                            parameters: dict[str, Any] | None = None) -> list[Any]:
         """Many requests in one handle call (what `RaybatchClient` sends); each entry
         comes back as its outputs or as the exception that ended it."""
-        m = self._model(model)
+        route = self._model(model).route
         params = parameters or {}
         futs = []
         for inputs in bundle:
             try:
-                futs.append(self._run(m, self._input_array(m, inputs), params.get("priority"),
+                futs.append(route.run(route.input_array(inputs), params.get("priority"),
                                       params.get("timeout_s")))
             except RaybatchError as e:
                 futs.append(_raise(e))
         return list(await asyncio.gather(*futs, return_exceptions=True))
+
+    async def route_info(self, model: str) -> tuple[str, list[Any], float | None]:
+        """What `RaybatchClient` needs to send to `model`'s batching actors itself:
+        the model's config (JSON), the actor handles, the default deadline."""
+        m = self._model(model)
+        actors = [serve.get_deployment_actor(name) for name in m.names]
+        return m.config.model_dump_json(), actors, self.config.ingress.default_timeout_s
 
     async def status(self) -> dict[str, Any]:
         return {name: await self._stats(m) for name, m in self.models.items()}
@@ -207,8 +211,8 @@ class Ingress:
             check_content_length(request.headers, limit)
             body = await request.body()
             req = parse_infer_request(body, request.headers, m.spec, limit)
-            array = self._input_array(m, req.inputs)
-            outputs = await self._run(m, array, req.priority, req.timeout_s)
+            array = m.route.input_array(req.inputs)
+            outputs = await m.route.run(array, req.priority, req.timeout_s)
             body, headers = encode_infer_response(m.config.name, m.config.version, req.id,
                                                   outputs, req.outputs_requested,
                                                   req.binary_data_output)
@@ -224,31 +228,6 @@ class Ingress:
             raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
                                f"{version!r}: leave the version out or ask for that one")
         return m
-
-    def _input_array(self, m: _Model, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        (tensor,) = m.config.inputs
-        if set(inputs) != {tensor.name}:
-            raise InvalidRequest(f"model {m.config.name!r} takes exactly one input "
-                                 f"{tensor.name!r}; got {sorted(inputs)}")
-        array = inputs[tensor.name]
-        if not isinstance(array, np.ndarray) or array.ndim != len(tensor.shape):
-            raise InvalidRequest(f"input {tensor.name!r} must be an array of rank "
-                                 f"{len(tensor.shape)} with shape {list(tensor.shape)}")
-        if len(array) == 0:
-            raise InvalidRequest(f"input {tensor.name!r} has an empty batch dimension: "
-                                 "send at least one item")
-        return array
-
-    async def _run(self, m: _Model, array: np.ndarray, priority: int | None,
-                   timeout_s: float | None) -> dict[str, np.ndarray]:
-        default = self.config.ingress.default_timeout_s
-        if default is not None:
-            timeout_s = min(timeout_s, default) if timeout_s else default
-        shard = min(m.shards, key=lambda c: c.outstanding)  # least outstanding work
-        value = await shard.submit(array, priority, timeout_s)
-        (out,) = m.config.outputs
-        dtype = NUMPY_DTYPES[out.datatype]
-        return {out.name: np.asarray(value, dtype=dtype)}
 
     async def _stats(self, m: _Model) -> dict[str, Any]:
         actors = [serve.get_deployment_actor(name) for name in m.names]
