@@ -13,6 +13,8 @@ Modelling choices, each what a host does or the simplest honest stand-in:
   the next batch at the replica while one runs (pipelining), which hides
   `hop_s`, the one-way call latency between host and replica. The engine's
   latency model is fed the compute time alone, not the wait at the replica;
+- `timer_tick_s` models the host's timer resolution: asyncio's epoll rounds a
+  timeout up to the next millisecond, so a 2 ms delay fires 2 to 3 ms later;
 - window [warmup_s, end]: throughput counts requests that ended in it, latency
   and failures the requests that arrived in it, however late they ended. Every
   arrived request runs to its end; one the batcher leaves open is `unfinished`.
@@ -59,6 +61,7 @@ class _Config:
     latency_b_s: float
     max_inflight: int
     hop_s: float
+    timer_tick_s: float
     jitter: float
     items_per_request: int
     make_items: Callable[[np.random.Generator], Sequence[Any]] | None
@@ -89,7 +92,8 @@ class _Sim:
         self.replicas = [_Replica() for _ in range(cfg.replicas)]
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq, self.ids = itertools.count(), itertools.count()
-        self.timer_s: float | None = None  # the one batcher timer that counts
+        self.timer_s: float | None = None  # when the batcher wants to be woken
+        self.timer_id = 0  # the one timer event that counts (later ones replace it)
         self.sent = self.measured = 0
         self.open: dict[int, tuple[float, int]] = {}  # request id -> (arrival_s, num_items)
         self.ends: list[tuple[float, int]] = []  # (end_s, num_items) of each completed request
@@ -134,7 +138,7 @@ class _Sim:
             self._arrive(now)
         elif kind == _DONE:
             self._done(*payload, now)
-        elif payload != self.timer_s:
+        elif payload != self.timer_id:
             return False
         else:
             self.timer_s = None
@@ -160,15 +164,20 @@ class _Sim:
         for failure in q.take_failures():
             self._record(self.ledger.fail(failure.request_id, failure.error), now)
         t = q.deadline()
-        if t is None or t == self.timer_s:
+        tick = self.cfg.timer_tick_s
+        if t is None or (t == self.timer_s and not tick):
             return
         if t <= now:
             raise RuntimeError(
                 f"the batcher asked to be woken at {t!r}, not after now={now!r}, although "
                 "next_batch sent nothing: a batcher bug; the simulation cannot go on"
             )
+        # Like asyncio's epoll loop, every wake-up re-arms the timer with the time left
+        # rounded up to a whole tick, so a timer that outlives other events fires late.
         self.timer_s = t
-        self._push(t, _TIMER, t)
+        self.timer_id += 1
+        fires = now + math.ceil((t - now) / tick - _EPS_S) * tick if tick else t
+        self._push(fires, _TIMER, self.timer_id)
 
     def _free_slots(self) -> int:
         return sum(self.cfg.max_inflight - r.outstanding for r in self.replicas)
@@ -246,6 +255,7 @@ def simulate(
     latency_b_s: float,
     max_inflight: int = 1,
     hop_s: float = 0.0,
+    timer_tick_s: float = 0.0,
     jitter: float = 0.0,
     items_per_request: int = 1,
     make_items: Callable[[np.random.Generator], Sequence[Any]] | None = None,
@@ -268,7 +278,7 @@ def simulate(
     (2.0, 500)
     """
     cfg = _Config(
-        arrivals, replicas, latency_a_s, latency_b_s, max_inflight, hop_s, jitter,
+        arrivals, replicas, latency_a_s, latency_b_s, max_inflight, hop_s, timer_tick_s, jitter,
         items_per_request, make_items, timeout_s, duration_s, num_requests, warmup_s,
     )
     _validate(cfg)
@@ -278,7 +288,7 @@ def simulate(
 def _validate(cfg: _Config) -> None:
     _check(cfg.replicas >= 1, f"replicas={cfg.replicas} must be >= 1")
     _check(cfg.max_inflight >= 1, f"max_inflight={cfg.max_inflight} must be >= 1")
-    for name in ("latency_a_s", "latency_b_s", "hop_s", "jitter", "warmup_s"):
+    for name in ("latency_a_s", "latency_b_s", "hop_s", "timer_tick_s", "jitter", "warmup_s"):
         _check(getattr(cfg, name) >= 0, f"{name}={getattr(cfg, name)} must be >= 0")
     _check(
         cfg.latency_a_s + cfg.latency_b_s > 0,

@@ -10,7 +10,8 @@ The simulator is calibrated from two measurements independent of the load points
 the model's own cost `a + b·n`, fitted from timing it in-process at two batch
 sizes (this includes `time.sleep` overshoot), and the host's hop, half the round
 trip of a zero-cost model through the same host at C=1 with no queue delay (pickle,
-socket, event loop). `--nominal` uses the model's nominal 2 ms + 0.05 ms/item and
+socket, event loop), plus the host's timer resolution (asyncio rounds a timer's
+timeout up to the next millisecond). `--nominal` uses the model's nominal 2 ms + 0.05 ms/item and
 no hop instead, to show what the calibration buys.
 
     python -m benchmarks.sim_vs_real [--quick] [--json OUT]
@@ -35,6 +36,7 @@ from deployments.models import Sleep
 A_S, B_S = 0.002, 0.00005
 POLICY = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
 INFLIGHT = 2
+TIMER_TICK_S = 0.001  # asyncio's epoll selector rounds timeouts up to whole milliseconds
 TOLERANCE = 0.15
 
 
@@ -106,9 +108,10 @@ async def _real(kind: str, value: float, duration_s: float, warmup_s: float) -> 
 
 def _sim(kind: str, value: float, duration_s: float, warmup_s: float,
          cost: tuple[float, float, float]) -> dict:
-    a_s, b_s, hop_s = cost
+    a_s, b_s, hop_s, tick_s = cost
     arrivals = ClosedLoop(int(value)) if kind == "closed" else Poisson(value)
     r = simulate(POLICY, arrivals, latency_a_s=a_s, latency_b_s=b_s, hop_s=hop_s,
+                 timer_tick_s=tick_s,
                  max_inflight=INFLIGHT, duration_s=warmup_s + duration_s, warmup_s=warmup_s)
     return {"throughput_rps": r.throughput_rps, "p50_ms": r.latency_ms["p50"]}
 
@@ -121,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulate with the nominal model cost and no hop (uncalibrated)")
     args = p.parse_args(argv)
     if args.nominal:
-        cost = (A_S, B_S, 0.0)
+        cost = (A_S, B_S, 0.0, 0.0)
     else:
         a_s, b_s = _fit_model_cost()
-        cost = (a_s, b_s, asyncio.run(_hop_s()))
+        cost = (a_s, b_s, asyncio.run(_hop_s()), TIMER_TICK_S)
     print(f"simulated model: {cost[0] * 1e3:.3f} ms + {cost[1] * 1e3:.4f} ms/item, "
-          f"hop {cost[2] * 1e3:.3f} ms each way"
+          f"hop {cost[2] * 1e3:.3f} ms each way, timer tick {cost[3] * 1e3:g} ms"
           f"{' (nominal)' if args.nominal else ' (calibrated)'}")
     duration_s, warmup_s = (2.0, 0.5) if args.quick else (5.0, 1.0)
     points = [("closed", 1), ("closed", 16), ("closed", 128),

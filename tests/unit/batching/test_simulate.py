@@ -238,3 +238,14 @@ def test_python_dash_m_runs(tmp_path):
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout
     assert json.loads(out)["completed"] == 2
+
+
+def test_timer_tick_makes_a_delay_that_outlives_other_events_fire_late():
+    # Poisson arrivals wake the host between a request's arrival and its delay's end;
+    # each wake-up rounds the time left up to a whole tick, so the delay runs long.
+    kw = dict(latency_a_s=0.001, latency_b_s=0.0, duration_s=4.0)
+    exact = simulate(policy(max_queue_delay_s=0.002), Poisson(1000.0), **kw)
+    ticked = simulate(policy(max_queue_delay_s=0.002), Poisson(1000.0), timer_tick_s=0.001, **kw)
+    assert ticked.latency_ms["p50"] > exact.latency_ms["p50"] + 0.15
+    alone = simulate(policy(max_queue_delay_s=0.002), ClosedLoop(1), timer_tick_s=0.001, **kw)
+    assert alone.latency_ms["p50"] == pytest.approx(3.0)  # nothing else wakes the host
