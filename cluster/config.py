@@ -81,6 +81,8 @@ class ReplicaConfig(BaseModel):
     """Environment variables of the replica process (OMP_NUM_THREADS is set from num_cpus)."""
     scale_up_queue_items: int = Field(default=256, ge=1)
     """Queued items per replica above which the pool adds a replica."""
+    scale_down_idle_s: float = Field(default=30.0, gt=0)
+    """Seconds with nothing queued or running before the pool removes a replica."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaConfig:

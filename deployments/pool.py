@@ -26,7 +26,6 @@ from cluster.config import ModelConfig
 from deployments.replica import ModelReplica
 
 log = logging.getLogger(__name__)
-SCALE_DOWN_IDLE_S = 30.0
 PENDING_WARN_S = 15.0
 
 
@@ -135,7 +134,7 @@ class ReplicaPool:
             now = time.monotonic()
             busy = queued or self.host.stats()["inflight_batches"]
             self._idle_since = None if busy else (self._idle_since or now)
-            if (self._idle_since is not None and now - self._idle_since > SCALE_DOWN_IDLE_S
+            if (self._idle_since is not None and now - self._idle_since > r.scale_down_idle_s
                     and len(self.host.replicas) > max(r.min_replicas, 1)):
                 self._remove_one()
                 self._idle_since = now
