@@ -82,7 +82,8 @@ class BatchHost:
         self._retried: set[int] = set()
         self.replica_deaths = 0
         self.retried_batches = 0
-        self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
+        self._parked: list[Batch] = []
+        self._tasks: set[asyncio.Task] = set()  # batches of a dead replica, waiting for a live one
         self._loop = asyncio.get_running_loop()
         self._pump_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -210,7 +211,9 @@ class BatchHost:
 
     def _send(self, batch: Batch, slot: _Slot) -> None:
         slot.inflight += 1
-        self._loop.create_task(self._run(batch, slot))
+        task = self._loop.create_task(self._run(batch, slot))
+        self._tasks.add(task)  # referenced, so no batch's task is collected mid-flight
+        task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: Batch, slot: _Slot) -> None:
         try:

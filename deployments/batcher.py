@@ -1,9 +1,9 @@
 """The batching actor: one per model, hosting the engine in front of the replica pool.
 
-An async Ray actor. Ingress replicas send it bundles (many requests in one
-Ray call); it submits each to its `BatchHost` and streams outcomes back in
-chunks: every `yield` carries all requests that finished since the last one,
-so a bundle of 64 costs one call and a few yields instead of 64 round trips.
+An async Ray actor. Ingress replicas (and `RaybatchClient`s) send it bundles
+of about one batch of requests in one plain Ray call; it submits each to its
+`BatchHost` and answers with every request's outcome once the bundle has
+ended, so 64 requests cost one round trip instead of 64.
 The engine, the ledger and the dispatch policy are the same objects the
 embedded host uses; only the replicas are Ray actors here.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
@@ -66,24 +65,26 @@ class BatcherActor:
         await self._ensure_started()
         return True
 
-    async def infer(self, bundle: list[BundleItem]) -> AsyncIterator[list[Outcome]]:
-        """Run a bundle of requests; yields chunks of outcomes as they finish."""
+    async def infer(self, bundle: list[BundleItem]) -> list[Outcome]:
+        """Run a bundle of requests; the outcome of each, once all have ended.
+
+        Callers send bundles of about one batch, so waiting for all costs little,
+        and one plain call is cheaper than a stream (1.2-1.4 ms against 2.4 ms here).
+        """
         await self._ensure_started()
         assert self.host is not None
         keys: dict[asyncio.Future, Any] = {}
-        refused: list[Outcome] = []
+        out: list[Outcome] = []
         for key, items, priority, timeout_s in bundle:
             request = Request(next(self._ids), items, False, priority, timeout_s, len(items))
             try:
                 keys[self.host.submit(request)] = key
             except RaybatchError as e:  # QueueFull, InvalidRequest, ServiceClosed
-                refused.append((key, None, e))
-        if refused:
-            yield refused
-        pending = set(keys)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            yield [_outcome(keys[f], f) for f in done]
+                out.append((key, None, e))
+        if keys:
+            await asyncio.wait(keys)
+        out += [_outcome(keys[f], f) for f in keys]
+        return out
 
     async def stats(self) -> dict[str, Any]:
         await self._ensure_started()

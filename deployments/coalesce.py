@@ -1,11 +1,13 @@
 """Coalescing: many concurrent requests, one Ray call.
 
 Whatever requests arrive during one event-loop tick go to the batching actor
-as one bundle (no timer, no added wait: the flush is scheduled with
-`call_soon` when the first request of a tick arrives). Outcomes stream back in
-chunks and resolve each request's future by its key. A bundle whose stream
-breaks (the batching actor died) fails its unresolved requests with
-`WorkerDied`: nothing accepted is silently dropped.
+in bundles of at most `bundle_items` items (one batch's worth), one plain Ray
+call each (no timer, no added wait: the flush is scheduled with `call_soon`
+when the first request of a tick arrives). A bundle's answer resolves each
+request's future by its key; a bundle whose call fails (the batching actor
+died) fails its requests with `WorkerDied`: nothing accepted is silently dropped.
+Bundles of one batch keep the pipeline full: the first batch's answers do not
+wait for the next batch's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ class Coalescer:
     failure, since a recreated actor has a new handle.
     """
 
-    def __init__(self, get_actor: Callable[[], Any]) -> None:
+    def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64) -> None:
         self._get_actor = get_actor
+        self._bundle_items = bundle_items
+        self._calls: set[asyncio.Task] = set()  # referenced, so none is collected mid-flight
         self._actor: Any = None
         self._keys = itertools.count()
         self._pending: list[tuple] = []
@@ -52,32 +56,45 @@ class Coalescer:
         return fut
 
     def _flush(self) -> None:
-        bundle, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        bundle: list[tuple] = []
+        items = 0
+        for entry in pending:
+            n = len(entry[1])
+            if bundle and items + n > self._bundle_items:
+                self._start(loop, bundle)
+                bundle, items = [], 0
+            bundle.append(entry)
+            items += n
         if bundle:
-            self.bundles_sent += 1
-            asyncio.get_running_loop().create_task(self._stream(bundle))
+            self._start(loop, bundle)
 
-    async def _stream(self, bundle: list[tuple]) -> None:
+    def _start(self, loop: asyncio.AbstractEventLoop, bundle: list[tuple]) -> None:
+        task = loop.create_task(self._call(bundle))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, bundle: list[tuple]) -> None:
+        self.bundles_sent += 1
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            stream = self._actor.infer.options(num_returns="streaming").remote(bundle)
-            async for ref in stream:
-                for key, value, error in await ref:
-                    fut = self._futures.pop(key, None)
-                    if fut is None or fut.done():
-                        continue
-                    if error is None:
-                        fut.set_result(value)
-                    else:
-                        fut.set_exception(error)
+            for key, value, error in await self._actor.infer.remote(bundle):
+                fut = self._futures.pop(key, None)
+                if fut is None or fut.done():
+                    continue
+                if error is None:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(error)
         except Exception as e:
             self._actor = None
             log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
             self._fail(bundle, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
         finally:
-            self._fail(bundle, WorkerDied("the batching actor ended the stream without an "
-                                          "answer for this request"))
+            self._fail(bundle, WorkerDied("the batching actor answered without an outcome "
+                                          "for this request"))
 
     def _fail(self, bundle: list[tuple], error: BaseException) -> None:
         for key, *_ in bundle:

@@ -60,6 +60,7 @@ class ReplicaPool:
         self._starting: dict[int, Any] = {}
         self._idle_since: float | None = None
         self._task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     def _actor_options(self) -> dict[str, Any]:
         r = self.config.replicas
@@ -109,6 +110,11 @@ class ReplicaPool:
             self._starting.pop(index, None)
         self.host.add_replica(RayReplicaClient(actor, index))
 
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # referenced, so it is not collected mid-flight
+        task.add_done_callback(self._tasks.discard)
+
     def _demand(self) -> dict[str, float]:
         r = self.config.replicas
         return {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {}), **r.resources}
@@ -118,7 +124,7 @@ class ReplicaPool:
         log.warning("replacing %s of model %s", client.name, self.config.name)
         # Created now, not in the task: the new replica must count as starting before the
         # autoscaler next compares live replicas with min_replicas, or it starts one more.
-        asyncio.get_running_loop().create_task(self._serve(*self._create()))
+        self._spawn(self._serve(*self._create()))
 
     async def _autoscale(self) -> None:
         r = self.config.replicas
@@ -129,7 +135,7 @@ class ReplicaPool:
             if live < r.min_replicas or (
                 live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
             ):
-                asyncio.get_running_loop().create_task(self._add())
+                self._spawn(self._add())
                 continue
             now = time.monotonic()
             busy = queued or self.host.stats()["inflight_batches"]

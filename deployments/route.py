@@ -27,7 +27,8 @@ class ModelRoute:
         (self._input,) = config.inputs
         (self._output,) = config.outputs
         self.config = config
-        self.shards = [Coalescer(get) for get in get_actors]
+        size = config.batching.max_batch_size
+        self.shards = [Coalescer(get, bundle_items=size) for get in get_actors]
         self.default_timeout_s = default_timeout_s
         self._dtype = NUMPY_DTYPES[self._output.datatype]
 

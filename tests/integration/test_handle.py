@@ -43,7 +43,8 @@ def test_client_gives_500_concurrent_callers_their_own_results_in_few_calls(app)
     calls, outs = arun(main())
     for x, out in zip(xs, outs, strict=True):
         np.testing.assert_array_equal(out["OUTPUT0"], x * x)
-    assert calls <= 5, f"{calls} handle calls for 500 requests: the client did not coalesce"
+    # 1,000 items in bundles of at most one batch (64 items, 32 requests): 16 calls
+    assert calls <= 17, f"{calls} Ray calls for 500 requests: the client did not coalesce"
     after = app.stats("square")
     assert after["success"]["count"] - before["success"]["count"] == 500
     assert after["items"] - before["items"] == 1000
