@@ -60,14 +60,13 @@ class LoadResult:
         return asdict(self)
 
 
-def children_cpu_s() -> float:
-    """user+system CPU seconds of this process's live child processes (Linux /proc)."""
-    me = os.getpid()
-    total = 0.0
+def processes() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user+system CPU seconds) of every live process (Linux /proc)."""
+    out: dict[int, tuple[int, float]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return 0.0
+        return out
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -78,9 +77,14 @@ def children_cpu_s() -> float:
             continue
         # The command name may hold spaces; fields after the last ')' are fixed.
         fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[1]) == me:  # ppid
-            total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
-    return total
+        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK)
+    return out
+
+
+def children_cpu_s() -> float:
+    """user+system CPU seconds of this process's live child processes."""
+    me = os.getpid()
+    return sum(cpu for ppid, cpu in processes().values() if ppid == me)
 
 
 def _edge(stats: StatsFn | None) -> tuple[float, float, float, tuple[int, int] | None]:

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from benchmarks.loadgen import _CLK_TCK
+from benchmarks.loadgen import processes
 from deployments.protocol_binary import INFER_HEADER_LENGTH, datatype_of, encode_binary
 
 Fetch = Callable[[], Awaitable[dict[str, Any]]]
@@ -105,25 +105,9 @@ async def direct_port(app: str, timeout_s: float = 60.0) -> int:
 
 
 # -- statistics, CPU and cores ----------------------------------------------------------------
-def _processes() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, user+system CPU seconds), from /proc."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        out[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK)
-    return out
-
-
 def descendants(root: int, procs: dict[int, tuple[int, float]] | None = None) -> list[int]:
     """Every live process below `root` (for this driver: the Ray processes)."""
-    procs = _processes() if procs is None else procs
+    procs = processes() if procs is None else procs
     out = []
     for pid in procs:
         p, seen = procs[pid][0], 0
@@ -137,7 +121,7 @@ def descendants(root: int, procs: dict[int, tuple[int, float]] | None = None) ->
 def tree_cpu_s(root: int) -> dict[str, float]:
     """user+system CPU seconds of every live descendant of `root` (the Ray processes), by
     process title (`ray::ServeReplica:raybatch:Ingress`, `ray::BatcherActor`, ...)."""
-    procs = _processes()
+    procs = processes()
     out: dict[str, float] = {}
     for pid in descendants(root, procs):
         name = _title(pid)
