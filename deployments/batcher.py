@@ -92,12 +92,6 @@ class BatcherActor:
         info = [{**r, "shard": self.shard} for r in await self.pool.info()]
         return {**self.host.stats(), "replica_info": info}
 
-    async def shutdown(self, timeout_s: float = 5.0) -> None:
-        if self.host is not None:
-            await self.host.close(timeout_s)
-        if self.pool is not None:
-            self.pool.stop()
-
 
 def shard_config(config: ModelConfig) -> ModelConfig:
     """The config one shard runs: its share (rounded up) of the model's replicas."""

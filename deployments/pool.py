@@ -165,12 +165,3 @@ class ReplicaPool:
             out.append(info)
         out += [{"index": i, "state": "PENDING"} for i in self._starting]
         return out
-
-    def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        for client in list(self.host.replicas):
-            assert isinstance(client, RayReplicaClient)
-            ray.kill(client.actor, no_restart=True)
-        for actor in self._starting.values():
-            ray.kill(actor, no_restart=True)
