@@ -1,9 +1,10 @@
 """The Serve ingress: the Open Inference Protocol over HTTP, and the handle API.
 
-It validates (a clear 4xx for anything wrong), gives each request its deadline,
-and hands it to the model's `Coalescer`, which sends whatever arrived in the
-same loop tick to the batching actor as one bundle. It never batches or
-queues itself: the batching actor does, across all ingress replicas.
+It parses (a clear 4xx for anything wrong) and hands each request to the
+model's `ModelRoute`, which checks it against the model's tensors, gives it its
+deadline, and coalesces what arrived in the same loop tick into bundles of one
+batch's worth for the least-loaded batching actor. It never batches or queues
+itself: the batching actors do, across all ingress replicas.
 
 Errors map to status codes in one place (`_error_response`), from the
 `http_status` of the exception classes. The protocol codec is
@@ -43,10 +44,6 @@ api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
 
 class UnknownModel(RaybatchError):
     http_status = 404
-
-
-class NotReady(RaybatchError):
-    http_status = 503
 
 
 def batcher_actor_name(model: str, shard: int = 0) -> str:
