@@ -14,19 +14,9 @@ in its place.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
-
-
-@runtime_checkable
-class Transformer(Protocol):
-    """What hosts rely on; subclass `VectorTransformer` rather than implementing this."""
-
-    def setup(self, device: str) -> None: ...
-    def preprocess(self, items: Sequence[Any]) -> Any: ...
-    def transform(self, pre: Any) -> Any: ...
-    def postprocess(self, pre: Any, out: Any) -> Sequence[Any]: ...
 
 
 class VectorTransformer:

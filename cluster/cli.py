@@ -7,44 +7,25 @@ and a subcommand that needs Ray does not slow one that does not.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from cluster.demo import run_demo
+def _lazy(target: str):
+    """A subcommand handler that imports 'module:function' only when it runs."""
 
-    return run_demo(args)
+    def run(args: argparse.Namespace) -> int:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(args)
 
-
-def _simulate(args: argparse.Namespace) -> int:
-    from batching import simulate
-
-    return simulate.run(args)
-
-
-def _up(args: argparse.Namespace) -> int:
-    from cluster.serving import up
-
-    return up(args)
-
-
-def _status(args: argparse.Namespace) -> int:
-    from cluster.serving import status
-
-    return status(args)
-
-
-def _topology(args: argparse.Namespace) -> int:
-    from cluster import topology_cli
-
-    return topology_cli.run(args)
+    return run
 
 
 def _build(args: argparse.Namespace) -> int:
-    from cluster.config import load_config
+    from cluster.config import load_default
     from cluster.render import serve_config_yaml
 
-    text = serve_config_yaml(load_config(args.config or _demo_config()))
+    text = serve_config_yaml(load_default(args.config))
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
@@ -52,12 +33,6 @@ def _build(args: argparse.Namespace) -> int:
     else:
         print(text, end="")
     return 0
-
-
-def _demo_config() -> str:
-    from pathlib import Path
-
-    return str(Path(__file__).resolve().parent.parent / "deployments" / "configs" / "demo.yaml")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,11 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start (or join) Ray, deploy the app, serve until Ctrl-C")
     serving.add_up_arguments(up)
-    up.set_defaults(func=_up)
+    up.set_defaults(func=_lazy("cluster.serving:up"))
 
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
     serving.add_status_arguments(st)
-    st.set_defaults(func=_status)
+    st.set_defaults(func=_lazy("cluster.serving:status"))
 
     build = sub.add_parser("build", help="render a self-contained Serve config for serve deploy")
     build.add_argument("--config", help="YAML config (default: the bundled demo)")
@@ -85,19 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seconds", type=float, default=5.0, help="how long to send load")
     demo.add_argument("--max-batch-size", type=int, default=64)
     demo.add_argument("--max-queue-delay-ms", type=float, default=2.0)
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=_lazy("cluster.demo:run_demo"))
 
     sim = sub.add_parser("simulate", help="predict throughput and latency of a policy")
     from batching import simulate
 
     simulate.add_arguments(sim)
-    sim.set_defaults(func=_simulate)
+    sim.set_defaults(func=_lazy("batching.simulate:run"))
 
     topo = sub.add_parser("topology", help="NUMA nodes, cores and GPUs here, and the affinity plan")
     from cluster import topology_cli
 
     topology_cli.add_arguments(topo)
-    topo.set_defaults(func=_topology)
+    topo.set_defaults(func=_lazy("cluster.topology_cli:run"))
     return parser
 
 

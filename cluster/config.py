@@ -17,6 +17,7 @@ messages that name the field, the value and the fix.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,14 @@ def load_config(source: str | Path | dict) -> RaybatchConfig:
         for err in e.errors():
             lines.append("  " + describe_error(err))
         raise ConfigError("\n".join(lines)) from None
+
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "deployments" / "configs" / "demo.yaml"
+
+
+def load_default(path: str | Path | None = None) -> RaybatchConfig:
+    """The config to deploy: `path` if given, else $RAYBATCH_CONFIG, else the bundled demo."""
+    return load_config(path or os.environ.get("RAYBATCH_CONFIG") or DEMO_CONFIG)
 
 
 def describe_error(err: dict) -> str:

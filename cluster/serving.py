@@ -31,10 +31,10 @@ def up(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from cluster.config import load_config
-    from deployments.app import DEMO_CONFIG, build_app
+    from cluster.config import load_default
+    from deployments.app import build_app
 
-    config = load_config(args.config or os.environ.get("RAYBATCH_CONFIG") or DEMO_CONFIG)
+    config = load_default(args.config)
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False,

@@ -9,18 +9,14 @@ actors, and with them the replica actors they own.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
-from cluster.config import RaybatchConfig, load_config
+from cluster.config import RaybatchConfig, load_default
 from deployments.batcher import BatcherActor
 from deployments.ingress import Ingress, batcher_actor_name
-
-DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
 
 
 def build_app(config: RaybatchConfig) -> serve.Application:
@@ -45,7 +41,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
 def app_builder(args: dict[str, Any]) -> serve.Application:
     """For `serve run deployments.app:app_builder config=FILE`, and for the files
     `raybatch build` renders, whose `args.config` holds the whole config inline."""
-    return build_app(load_config(args.get("config", DEMO_CONFIG)))
+    return build_app(load_default(args.get("config")))
 
 
-app = build_app(load_config(os.environ.get("RAYBATCH_CONFIG", DEMO_CONFIG)))
+app = build_app(load_default())

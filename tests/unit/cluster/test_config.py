@@ -19,7 +19,7 @@ def bad(match: str, **model) -> None:
 
 
 def test_the_demo_config_loads(tmp_path):
-    from deployments.app import DEMO_CONFIG
+    from cluster.config import DEMO_CONFIG
 
     cfg = load_config(DEMO_CONFIG)
     assert {m.name for m in cfg.models} >= {"square", "mlp"}

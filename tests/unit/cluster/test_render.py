@@ -51,3 +51,14 @@ def test_cli_build_writes_yaml(tmp_path, capsys):
     data = yaml.safe_load(out.read_text())
     assert data["applications"][0]["args"]["config"]["app_name"] == "shop"
     assert "serve deploy" in capsys.readouterr().out
+
+
+def test_cli_build_reads_raybatch_config_like_up_and_serve_run(tmp_path, capsys, monkeypatch):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(_config().model_dump(mode="json")))
+    monkeypatch.setenv("RAYBATCH_CONFIG", str(cfg))
+    assert main(["build"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["applications"][0]["name"] == "shop"
+    monkeypatch.delenv("RAYBATCH_CONFIG")
+    assert main(["build"]) == 0  # without it: the bundled demo
+    assert yaml.safe_load(capsys.readouterr().out)["applications"][0]["name"] == "raybatch"
