@@ -13,7 +13,9 @@ from batching.errors import (
     ModelError,
     QueueFull,
     RaybatchError,
+    SequenceLost,
     ServiceClosed,
+    UnknownSequence,
     WorkerDied,
 )
 from batching.latency import LatencyModel
@@ -46,8 +48,10 @@ __all__ = [
     "RaybatchError",
     "Request",
     "RequestId",
+    "SequenceLost",
     "ServiceClosed",
     "TimeoutAction",
+    "UnknownSequence",
     "VectorTransformer",
     "WorkerDied",
 ]

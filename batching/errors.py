@@ -56,6 +56,20 @@ class BatchSizeMismatch(RaybatchError):
     http_status = 500
 
 
+class UnknownSequence(InvalidRequest):
+    """A sequence request without `sequence_start` names a sequence that is not live
+    (never started, ended, or freed after being idle), or a start names one that is."""
+
+    http_status = 400
+
+
+class SequenceLost(RaybatchError):
+    """The replica holding this sequence's state died: the state is gone, and the
+    sequence must be started again (`sequence_start`)."""
+
+    http_status = 410
+
+
 class ModelError(RaybatchError):
     """The model raised while running a batch; only that batch's requests fail."""
 

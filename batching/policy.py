@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -47,6 +47,8 @@ class DynamicPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
+    kind: Literal["dynamic"] = "dynamic"
+    """Which scheduler: dynamic (stateless), sequence (stateful) or iterative (generative)."""
     max_batch_size: int = Field(default=32, ge=1)
     """Most items in one batch."""
     max_queue_delay_s: float = Field(default=0.0, ge=0)
