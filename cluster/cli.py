@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_up_arguments(up)
     up.set_defaults(func=_lazy("cluster.serving:up"))
 
+    join = sub.add_parser("join", help="start this machine as a Ray node (ray start) with its "
+                                       "numa<N> resources and labels; block until stopped")
+    serving.add_join_arguments(join)
+    join.set_defaults(func=_lazy("cluster.serving:join"))
+
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
     serving.add_status_arguments(st)
     st.set_defaults(func=_lazy("cluster.serving:status"))

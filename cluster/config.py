@@ -20,12 +20,23 @@ import importlib
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from batching.iterative_policy import IterativePolicy
 from batching.policy import DynamicPolicy
+from batching.sequence_policy import SequencePolicy
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -84,12 +95,21 @@ class ReplicaConfig(BaseModel):
     """Queued items per replica above which the pool adds a replica."""
     scale_down_idle_s: float = Field(default=30.0, gt=0)
     """Seconds with nothing queued or running before the pool removes a replica."""
+    pin: Literal["auto", "required", "off"] = "auto"
+    """Pin the replica to whole physical cores (floor(num_cpus) of them, SMT siblings
+    included) of one NUMA node, or local to its GPU (`cluster.pinning`). `auto`: pin when
+    the replica has whole cores and the cluster advertises numa<N> resources (started by
+    `raybatch up` / `raybatch join`) or it has a GPU; run unpinned, with a warning, when
+    the cores are taken. `required`: pin or fail to start. `off`: never pin."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaConfig:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas={self.min_replicas} exceeds max_replicas="
                              f"{self.max_replicas}: lower min_replicas or raise max_replicas")
+        if self.pin == "required" and self.num_cpus < 1:
+            raise ValueError(f"pin='required' with num_cpus={self.num_cpus}: a pinned replica "
+                             f"takes whole cores; raise num_cpus to >= 1 or set pin to 'auto'")
         return self
 
 
@@ -102,19 +122,38 @@ class BatcherConfig(BaseModel):
     """CPUs each batching actor reserves."""
 
 
+def _policy_kind(value: Any) -> str:
+    """The `kind` of a batching block; a block without one is dynamic batching."""
+    kind = value.get("kind", "dynamic") if isinstance(value, dict) else getattr(value, "kind",
+                                                                                   None)
+    return kind if isinstance(kind, str) else "dynamic"  # an unknown one is reported by name
+
+
+Policy = Annotated[
+    Annotated[DynamicPolicy, Tag("dynamic")]
+    | Annotated[SequencePolicy, Tag("sequence")]
+    | Annotated[IterativePolicy, Tag("iterative")],
+    Discriminator(_policy_kind),
+]
+
+
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     """Model name in URLs: /v2/models/{name}/infer."""
     transformer: str
-    """Import path of the VectorTransformer class, 'package.module:Class'."""
+    """Import path of the model class, 'package.module:Class': a VectorTransformer
+    (dynamic), a StatefulTransformer (sequence) or a StepModel (iterative)."""
     init_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the transformer's constructor."""
     version: str = "1"
     inputs: tuple[TensorConfig, ...]
     outputs: tuple[TensorConfig, ...]
-    batching: DynamicPolicy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
+    batching: Policy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
+    """How requests become batches: `kind: dynamic` (the default; stateless models),
+    `sequence` (stateful models, sequence_id/start/end) or `iterative` (generative
+    models, continuous batching of generation steps)."""
     replicas: ReplicaConfig = ReplicaConfig()
     batcher: BatcherConfig = BatcherConfig()
 
@@ -211,9 +250,17 @@ def load_default(path: str | Path | None = None) -> RaybatchConfig:
     return load_config(path or os.environ.get("RAYBATCH_CONFIG") or DEMO_CONFIG)
 
 
+_KINDS = ("dynamic", "sequence", "iterative")
+
+
 def describe_error(err: dict) -> str:
     """One pydantic error as 'where=value: what is wrong'."""
-    loc = ".".join(str(p) for p in err["loc"])
+    # A batching block's union tag (dynamic/sequence/iterative) is not a field: drop it.
+    parts = [str(p) for i, p in enumerate(err["loc"])
+             if not (i and err["loc"][i - 1] == "batching" and p in _KINDS)]
+    loc = ".".join(parts)
+    if err.get("type") == "union_tag_invalid":
+        return f"{loc}.kind={err['ctx']['tag']!r}: must be one of {', '.join(_KINDS)}"
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
     if isinstance(value, (int, float, str, bool)) and not msg.startswith(loc.split(".")[-1]):

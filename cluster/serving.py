@@ -1,16 +1,20 @@
-"""`raybatch up` and `raybatch status`: bring the app up on Ray, and look at it.
+"""`raybatch up`, `join` and `status`: bring the app up on Ray, add nodes, look at it.
 
 `up` starts a local Ray in this process (the embedded default) or joins one
 (`--address`), deploys the app from the config, prints the URLs and an example
 request, and runs until Ctrl-C; then it deletes the app, which stops every
-batching and replica actor. `status` asks the running app's ingress for each
-model's replicas, queue depth and batch statistics.
+batching and replica actor. A local Ray it starts advertises this machine's
+`numa<N>` resources and labels (`cluster.raynode`), so replicas pin themselves;
+`join` starts `ray start` on another machine with its own. `status` asks the
+running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
+queue depth and batch statistics.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import threading
@@ -19,10 +23,15 @@ from typing import Any
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: the bundled demo)")
-    p.add_argument("--address", help="join this Ray cluster instead of starting a local one")
+    p.add_argument("--address", help="join this Ray cluster instead of starting a local one "
+                                      "(its nodes advertise NUMA resources when started with "
+                                      "`raybatch join`)")
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="describe the machine from DIR laid out like /sys (tests); replicas "
+                        "pin by it too (default: $RAYBATCH_SYSFS_ROOT, else /sys)")
     p.add_argument("--exit-after-deploy", action="store_true",
                    help="deploy, print, and exit (for scripts and tests)")
 
@@ -37,7 +46,8 @@ def up(args: argparse.Namespace) -> int:
     config = load_default(args.config)
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
-    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False,
+    node = {} if args.address else local_node_options(args.sysfs_root)
+    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node,
              runtime_env={"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED":
                                        os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")}})
     serve.start(http_options={"host": host, "port": port})
@@ -58,20 +68,102 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_node_options(root: str | None) -> dict[str, Any]:
+    """`resources` (numa<N> in cores) and `labels` of the local Ray node, for `ray.init`.
+
+    A machine whose topology cannot be read still comes up, unpinned, with a warning.
+    """
+    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
+    from cluster.raynode import node_labels, node_resources
+    from cluster.topology import TopologyError, discover
+
+    root = root or sysfs_root()
+    if root:  # the local raylet, and so every replica, inherits it
+        os.environ[SYSFS_ROOT_ENV] = root
+    try:
+        topology = discover(root)
+    except TopologyError as e:
+        print(f"warning: no numa<N> resources, replicas run unpinned: {e}", flush=True)
+        return {}
+    resources = node_resources(topology)
+    print("node resources: " + ", ".join(f"{k}={v:g}" for k, v in resources.items()),
+          flush=True)
+    return {"resources": resources, "labels": node_labels(topology)}
+
+
+def add_join_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="the cluster's head (its GCS address, as `ray start` prints it)")
+    p.add_argument("--head", action="store_true",
+                   help="start a head node instead, for other machines to join")
+    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="describe the machine from DIR laid out like /sys (default: "
+                        "$RAYBATCH_SYSFS_ROOT, else /sys)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the `ray start` command and exit")
+    p.add_argument("ray_args", nargs=argparse.REMAINDER,
+                   help="after --, more `ray start` options (e.g. -- --object-store-memory N)")
+
+
+def join(args: argparse.Namespace) -> int:
+    """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
+    import shlex
+    import subprocess
+    import sys
+
+    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
+    from cluster.raynode import ray_start_argv
+    from cluster.topology import TopologyError, discover
+
+    root = args.sysfs_root or sysfs_root()
+    extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
+    try:
+        argv = ray_start_argv(discover(root), address=args.address, head=args.head,
+                              num_cpus=args.num_cpus, ray=_ray_executable(), extra=extra)
+    except (TopologyError, ValueError) as e:
+        print(f"raybatch join: {e}", file=sys.stderr)
+        return 2
+    print("$ " + shlex.join(argv), flush=True)
+    if args.dry_run:
+        return 0
+    env = {**os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
+        return proc.wait()
+
+
+def _ray_executable() -> str:
+    """The `ray` script of this Python environment, else whatever `ray` is on PATH."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "ray")
+    return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")
+
+
 def _print_welcome(config: Any, host: str, port: int) -> None:
     base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
-    first = config.models[0]
-    tensor = first.inputs[0]
-    shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
-    n = 1
-    for d in shape:
-        n *= d
-    body = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype,
-                                   "shape": shape, "data": [1.0] * n}]})
     print(f"\nRaybatch is serving at {base}", flush=True)
     for m in config.models:
-        print(f"  {m.name:10s} {base}/v2/models/{m.name}/infer")
-    print(f"\nTry:\n  curl -s {base}/v2/models/{first.name}/infer -d '{body}'")
+        verb = "generate" if m.batching.kind == "iterative" else "infer"
+        note = " (stateful: send sequence_id)" if m.batching.kind == "sequence" else ""
+        print(f"  {m.name:10s} {base}/v2/models/{m.name}/{verb}{note}")
+    print("\nTry:")
+    stateless = [m for m in config.models if m.batching.kind == "dynamic"]
+    if stateless:
+        first = stateless[0]
+        tensor = first.inputs[0]
+        shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
+        body = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype,
+                                       "shape": shape, "data": [1.0] * math.prod(shape)}]})
+        print(f"  curl -s {base}/v2/models/{first.name}/infer -d '{body}'")
+    generative = [m for m in config.models if m.batching.kind == "iterative"]
+    if generative:
+        body = json.dumps({"text_input": "Once upon a time", "parameters": {"max_tokens": 40}})
+        print(f"  curl -sN {base}/v2/models/{generative[0].name}/generate_stream -d '{body}'")
     print("  raybatch status\nStop with Ctrl-C.", flush=True)
 
 
@@ -91,12 +183,33 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2, default=str))
         return 0
     for model, s in stats.items():
-        print(f"{model}: {s['replicas']} replicas, queued {s['queued_requests']} requests "
-              f"({s['queued_items']} items), {s['inflight_batches']} batches in flight")
-        print(f"  {s['batches']} batches, mean size {s['mean_batch_size']}, "
-              f"sent because {s['by_reason']}")
+        for line in _summary(model, s):
+            print(line)
         for r in s["replica_info"]:
-            where = f"node {r.get('node_id', '?')[:8]} cpus {r.get('cpus')} gpus {r.get('gpus')}"
+            where = (f"node {r.get('node_id', '?')[:8]} cpus {r.get('cpus')} "
+                     f"numa {_dash(r.get('numa_node'))} "
+                     f"{'pinned' if r.get('pinned') else 'unpinned'} gpus {r.get('gpus')}")
             print(f"  replica-{r['index']}: {r['state']}, {where}, "
                   f"{r.get('outstanding_batches', 0)} outstanding")
     return 0
+
+
+def _summary(model: str, s: dict[str, Any]) -> list[str]:
+    """Two lines on a model's queue and batches, in its engine's terms."""
+    kind = s.get("kind", "dynamic")
+    if kind == "iterative":
+        return [f"{model}: {s['replicas']} replicas, {s['waiting']} waiting, {s['active']} "
+                f"generating, {s['inflight_steps']} steps in flight",
+                f"  {s['steps']} steps, {s['mean_active_per_step']} sequences per step, "
+                f"{s['completed']} completed, {s['cancelled']} cancelled"]
+    head = (f"{model}: {s['replicas']} replicas, queued {s['queued_requests']} requests"
+            + (f" ({s['queued_items']} items)" if "queued_items" in s else "")
+            + f", {s['inflight_batches']} batches in flight")
+    if kind == "sequence":
+        head += f", {s['live_sequences']} live sequences"
+    return [head, f"  {s['batches']} batches, mean size {s.get('mean_batch_size')}, "
+                  f"sent because {s['by_reason']}"]
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)

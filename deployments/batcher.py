@@ -2,13 +2,19 @@
 
 An async Ray actor. Ingress replicas (and `RaybatchClient`s) send it bundles
 of about one batch of requests in one plain Ray call; it submits each to its
-`BatchHost` and answers with every request's outcome once the bundle has
-ended, so 64 requests cost one round trip instead of 64.
+host and answers with every request's outcome once the bundle has ended, so
+64 requests cost one round trip instead of 64.
 The engine, the ledger and the dispatch policy are the same objects the
 embedded host uses; only the replicas are Ray actors here.
 
-Request ids are the actor's own integers, mapped back to the caller's keys
-inside the stream, so ingress replicas never collide.
+The model's `batching.kind` picks the host (`deployments.hosts`): dynamic
+batching for stateless models, sequence batching for stateful ones (the
+bundle entries then carry each request's sequence controls), and iterative
+batching for generative ones, whose generations stream through the
+multiplexed calls of `deployments.generation` instead of bundles.
+
+Request ids are the actor's own integers, mapped back to the caller's keys,
+so ingress replicas never collide.
 """
 
 from __future__ import annotations
@@ -20,17 +26,18 @@ from typing import Any
 
 import ray
 
-from batching.errors import RaybatchError
-from batching.host import BatchHost
-from batching.types import Request
+from batching.errors import InvalidRequest, RaybatchError
 from batching.worker import portable
 from cluster.config import ModelConfig
+from deployments.generation import StreamHub
+from deployments.hosts import Host, make_host, model_kind, submit_bundle_item
 from deployments.pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
-# (caller key, items with a leading batch dimension, priority, timeout_s)
-BundleItem = tuple[Any, Any, "int | None", "float | None"]
+# (caller key, items with a leading batch dimension, priority, timeout_s[, control]);
+# control = (sequence_id, start, end) for a sequence model.
+BundleItem = tuple[Any, ...]
 # (caller key, value, error)
 Outcome = tuple[Any, Any, "BaseException | None"]
 
@@ -41,11 +48,13 @@ Outcome = tuple[Any, Any, "BaseException | None"]
 class BatcherActor:
     def __init__(self, model_json: str, shard: int = 0) -> None:
         self.config = shard_config(ModelConfig.model_validate_json(model_json))
+        self.kind = model_kind(self.config)
         self.shard = shard
         self._ids = itertools.count()
         self._started: asyncio.Future | None = None
-        self.host: BatchHost | None = None
+        self.host: Host | None = None
         self.pool: ReplicaPool | None = None
+        self.hub: StreamHub | None = None
 
     async def _ensure_started(self) -> None:
         if self._started is None:
@@ -53,12 +62,12 @@ class BatcherActor:
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
-        self.host = BatchHost(self.config.batching,
-                              max_inflight=self.config.replicas.max_inflight_batches,
-                              on_replica_died=lambda client: self.pool.replaced(client))
+        self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c))
         self.pool = ReplicaPool(self.config, self.host)
+        if self.kind == "iterative":
+            self.hub = StreamHub(self.host, lambda: next(self._ids))
         await self.pool.start()
-        log.info("batcher for %s ready with %d replicas", self.config.name,
+        log.info("batcher for %s (%s) ready with %d replicas", self.config.name, self.kind,
                  len(self.host.replicas))
 
     async def ready(self) -> bool:
@@ -75,22 +84,40 @@ class BatcherActor:
         assert self.host is not None
         keys: dict[asyncio.Future, Any] = {}
         out: list[Outcome] = []
-        for key, items, priority, timeout_s in bundle:
-            request = Request(next(self._ids), items, False, priority, timeout_s, len(items))
+        for entry in bundle:
             try:
-                keys[self.host.submit(request)] = key
-            except RaybatchError as e:  # QueueFull, InvalidRequest, ServiceClosed
-                out.append((key, None, e))
+                keys[submit_bundle_item(self.host, self.kind, next(self._ids), entry)] = entry[0]
+            except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
+                out.append((entry[0], None, e))
         if keys:
             await asyncio.wait(keys)
         out += [_outcome(keys[f], f) for f in keys]
         return out
 
+    # -- generative models: multiplexed streams (see deployments.generation) -----------
+    async def start_generations(self, caller: str, entries: list[tuple]) -> list[tuple]:
+        """Start `(key, prompt, params)` generations for `caller`; (key, error) of those
+        refused at once (bad parameters, queue full)."""
+        await self._ensure_started()
+        if self.hub is None:
+            error = InvalidRequest(f"model {self.config.name!r} is not generative: use infer")
+            return [(key, error) for key, *_ in entries]
+        return self.hub.start(caller, entries)
+
+    async def poll_generations(self, caller: str) -> list[tuple]:
+        """Every new event of `caller`'s generations, waiting a while for the first."""
+        await self._ensure_started()
+        return await self.hub.poll(caller) if self.hub is not None else []
+
+    async def cancel_generations(self, caller: str, keys: list) -> None:
+        if self.hub is not None:
+            self.hub.cancel(caller, keys)
+
     async def stats(self) -> dict[str, Any]:
         await self._ensure_started()
         assert self.host is not None and self.pool is not None
         info = [{**r, "shard": self.shard} for r in await self.pool.info()]
-        return {**self.host.stats(), "replica_info": info}
+        return {**self.host.stats(), "kind": self.kind, "replica_info": info}
 
 
 def shard_config(config: ModelConfig) -> ModelConfig:

@@ -45,12 +45,14 @@ class Coalescer:
         """Requests sent or about to be sent that have no outcome yet."""
         return len(self._futures)
 
-    def submit(self, items: Any, priority: int | None, timeout_s: float | None) -> asyncio.Future:
+    def submit(self, items: Any, priority: int | None, timeout_s: float | None,
+               control: Any = None) -> asyncio.Future:
+        """`control`: a sequence model's (sequence_id, start, end); None for stateless ones."""
         loop = asyncio.get_running_loop()
         key = next(self._keys)
         fut = loop.create_future()
         self._futures[key] = fut
-        self._pending.append((key, items, priority, timeout_s))
+        self._pending.append((key, items, priority, timeout_s, control))
         if len(self._pending) == 1:
             loop.call_soon(self._flush)
         return fut

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
 from batching.errors import RaybatchError, http_status
@@ -35,6 +35,7 @@ from deployments.protocol import (
     parse_infer_request,
     server_metadata_json,
 )
+from deployments.protocol_generate import generate_response, parse_generate_body, sse_event
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats, model_counters_json
 
@@ -55,8 +56,14 @@ def model_spec(m: ModelConfig) -> ModelSpec:
         m.name, m.version, "raybatch",
         inputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.inputs],
         outputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.outputs],
-        max_batch_size=m.batching.max_batch_size,
+        max_batch_size=batch_limit(m),
     )
+
+
+def batch_limit(m: ModelConfig) -> int:
+    """Most requests one batch (or generation step) of `m` carries."""
+    policy = m.batching
+    return getattr(policy, "max_batch_size", None) or policy.max_active
 
 
 def _actor_getter(name: str) -> Any:
@@ -87,6 +94,26 @@ def _error_response(e: Exception) -> Response:
 
 async def _raise(e: BaseException) -> Any:
     raise e
+
+
+def _sequence(req: Any) -> tuple[Any, bool, bool] | None:
+    """An infer request's sequence controls, when it names a sequence."""
+    if req.sequence_id is None:
+        return None
+    return req.sequence_id, req.sequence_start, req.sequence_end
+
+
+async def _sse(first: dict, rest: Any, wrap: Any) -> Any:
+    """The SSE body: the first event (already received), the others as they come; an
+    error after the start becomes an {"error"} event (the 200 is already sent)."""
+    yield sse_event(wrap(first))
+    try:
+        async for event in rest:
+            yield sse_event(wrap(event))
+    except Exception as e:
+        if http_status(e) >= 500 and not isinstance(e, RaybatchError):
+            log.exception("generation failed mid-stream")
+        yield sse_event({"error": str(e) or type(e).__name__})
 
 
 @serve.deployment(max_ongoing_requests=2048)
@@ -133,6 +160,20 @@ class Ingress:
             except RaybatchError as e:
                 futs.append(_raise(e))
         return list(await asyncio.gather(*futs, return_exceptions=True))
+
+    async def generate(self, model: str, text_input: str,
+                       parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`handle.generate.remote("tinylm", "Once", {"max_tokens": 32})` → {"text_output",
+        "finish_reason", "num_tokens", "prompt_tokens", "final"}."""
+        return await self._model(model).route.generate(text_input, parameters)
+
+    async def generate_stream(self, model: str, text_input: str,
+                              parameters: dict[str, Any] | None = None) -> Any:
+        """`handle.options(stream=True).generate_stream.remote(...)`: the events, one per
+        step ({"text_output", "index"}), then the final one. Cancelling the call cancels
+        the generation."""
+        async for event in self._model(model).route.generate_stream(text_input, parameters):
+            yield event
 
     async def route_info(self, model: str) -> tuple[str, list[Any], float | None]:
         """What `RaybatchClient` needs to send to `model`'s batching actors itself:
@@ -209,14 +250,52 @@ class Ingress:
             body = await request.body()
             req = parse_infer_request(body, request.headers, m.spec, limit)
             array = m.route.input_array(req.inputs)
-            outputs = await m.route.run(array, req.priority, req.timeout_s)
+            outputs = await m.route.run(array, req.priority, req.timeout_s, _sequence(req))
             body, headers = encode_infer_response(m.config.name, m.config.version, req.id,
                                                   outputs, req.outputs_requested,
                                                   req.binary_data_output)
             return Response(body, headers=headers)
         return await self._guard(infer)
 
+    @api.post("/v2/models/{model}/generate")
+    @api.post("/v2/models/{model}/versions/{version}/generate")
+    async def generate_http(self, model: str, request: Request,
+                            version: str | None = None) -> Response:
+        async def generate() -> Response:
+            m = self._model(model, version)
+            request_id, text, params = parse_generate_body(await self._body(request))
+            final = await m.route.generate(text, params)
+            return JSONResponse(generate_response(m.config.name, m.config.version,
+                                                  request_id, final))
+        return await self._guard(generate)
+
+    @api.post("/v2/models/{model}/generate_stream")
+    @api.post("/v2/models/{model}/versions/{version}/generate_stream")
+    async def generate_stream_http(self, model: str, request: Request,
+                                   version: str | None = None) -> Response:
+        async def stream() -> Response:
+            m = self._model(model, version)
+            request_id, text, params = parse_generate_body(await self._body(request))
+            events = m.route.generate_stream(text, params)
+            try:  # errors before the first event are a proper 4xx/5xx, not an SSE event
+                first = await events.__anext__()
+            except BaseException:
+                await events.aclose()
+                raise
+            name, version_ = m.config.name, m.config.version
+            return StreamingResponse(
+                _sse(first, events, lambda e: generate_response(name, version_, request_id, e)),
+                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await self._guard(stream)
+
     # -- shared path ----------------------------------------------------------------------
+    async def _body(self, request: Request) -> bytes:
+        limit = self.config.ingress.max_body_bytes
+        check_content_length(request.headers, limit)
+        body = await request.body()
+        check_content_length({"content-length": str(len(body))}, limit)
+        return body
+
     def _model(self, name: str, version: str | None = None) -> _Model:
         m = self.models.get(name)
         if m is None:

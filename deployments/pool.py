@@ -21,8 +21,10 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from batching.host import BatchHost, ReplicaDied
+from batching.host import ReplicaDied
 from cluster.config import ModelConfig
+from deployments import hosts
+from deployments.hosts import Host
 from deployments.replica import ModelReplica
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,11 @@ class RayReplicaClient:
         self.name = f"replica-{index}"
 
     async def run(self, items: Any) -> tuple[Any, float]:
+        return await self._call(self.actor.run, items)
+
+    async def _call(self, method: Any, *args: Any) -> Any:
         try:
-            return await self.actor.run.remote(items)
+            return await method.remote(*args)
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
             raise ReplicaDied(f"{self.name}: {type(e).__name__}") from e
         except RayTaskError as e:  # the model raised: hand its own exception on
@@ -51,10 +56,36 @@ class RayReplicaClient:
             raise (cause or e) from None
 
 
+class SequenceReplicaClient(RayReplicaClient):
+    """`SequenceReplicaClient` over a `SequenceReplica`: batches, and idle releases."""
+
+    async def release(self, sequence_ids: list[Any]) -> None:
+        await self._call(self.actor.release, sequence_ids)
+
+
+class StepReplicaClient(RayReplicaClient):
+    """`StepReplicaClient` over a `StepReplica`: one call per generation step."""
+
+    async def step(self, join: list[Any], leave: list[Any]) -> tuple[list[Any], float]:
+        return await self._call(self.actor.step, join, leave)
+
+
+def _replica_classes(kind: str) -> tuple[type, type]:
+    """The replica actor class and its client class for a model of `kind`."""
+    if kind == "dynamic":
+        return ModelReplica, RayReplicaClient
+    from deployments.stateful_replica import SequenceReplica, StepReplica
+
+    if kind == "sequence":
+        return SequenceReplica, SequenceReplicaClient
+    return StepReplica, StepReplicaClient
+
+
 class ReplicaPool:
-    def __init__(self, config: ModelConfig, host: BatchHost) -> None:
+    def __init__(self, config: ModelConfig, host: Host) -> None:
         self.config = config
         self.host = host
+        self._actor_class, self._client_class = _replica_classes(config.batching.kind)
         self._json = config.model_dump_json()
         self._indices = itertools.count()
         self._starting: dict[int, Any] = {}
@@ -65,14 +96,22 @@ class ReplicaPool:
     def _actor_options(self) -> dict[str, Any]:
         r = self.config.replicas
         threads = str(max(1, math.floor(r.num_cpus))) if r.num_cpus else "1"
+        numa_resources, placement_env = self._placement()
         return {
             "num_cpus": r.num_cpus,
             "num_gpus": r.num_gpus,
-            "resources": dict(r.resources),
+            "resources": {**r.resources, **numa_resources},
             "max_restarts": 0,
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                                         **r.env}},
+                                         **placement_env, **r.env}},
         }
+
+    def _placement(self) -> tuple[dict[str, float], dict[str, str]]:
+        """The next replica's numa<N> resource and env (NUMA node, GPU order): cluster.raynode."""
+        from cluster.raynode import NumaChooser, numa_request, numa_view
+
+        chooser = self.__dict__.setdefault("_numa_chooser", NumaChooser())
+        return numa_request(self.config.replicas, chooser, numa_view, time.monotonic())
 
     async def start(self) -> None:
         """Start `min_replicas` (at least one) and wait until they serve; then keep scaling."""
@@ -85,7 +124,7 @@ class ReplicaPool:
 
     def _create(self) -> tuple[int, Any]:
         index = next(self._indices)
-        actor = ray.remote(concurrency_groups={"control": 1})(ModelReplica).options(
+        actor = ray.remote(concurrency_groups={"control": 1})(self._actor_class).options(
             **self._actor_options()).remote(self._json, index)
         self._starting[index] = actor
         return index, actor
@@ -108,7 +147,7 @@ class ReplicaPool:
             raise
         finally:
             self._starting.pop(index, None)
-        self.host.add_replica(RayReplicaClient(actor, index))
+        self.host.add_replica(self._client_class(actor, index))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -131,14 +170,14 @@ class ReplicaPool:
         while True:
             await asyncio.sleep(0.5)
             live = len(self.host.replicas) + len(self._starting)
-            queued = self.host.engine.queued_items
+            queued = hosts.queued(self.host)
             if live < r.min_replicas or (
                 live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
             ):
                 self._spawn(self._add())
                 continue
             now = time.monotonic()
-            busy = queued or self.host.stats()["inflight_batches"]
+            busy = queued or hosts.busy(self.host)
             self._idle_since = None if busy else (self._idle_since or now)
             if (self._idle_since is not None and now - self._idle_since > r.scale_down_idle_s
                     and len(self.host.replicas) > max(r.min_replicas, 1)):
@@ -146,7 +185,7 @@ class ReplicaPool:
                 self._idle_since = now
 
     def _remove_one(self) -> None:
-        victim = min(self.host.replicas, key=self.host.outstanding)
+        victim = min(self.host.replicas, key=lambda c: hosts.outstanding(self.host, c))
         self.host.remove_replica(victim)
         assert isinstance(victim, RayReplicaClient)
         ray.kill(victim.actor, no_restart=True)
@@ -161,7 +200,7 @@ class ReplicaPool:
                 info["state"] = "ALIVE"
             except Exception as e:
                 info = {"index": client.index, "state": f"DEAD ({type(e).__name__})"}
-            info["outstanding_batches"] = self.host.outstanding(client)
+            info["outstanding_batches"] = hosts.outstanding(self.host, client)
             out.append(info)
         out += [{"index": i, "state": "PENDING"} for i in self._starting]
         return out

@@ -1,9 +1,11 @@
 """The model-replica actor: one `VectorTransformer`, run one batch at a time.
 
 A sync Ray actor (batches run back to back on its own thread; no event loop
-competes with the model for the core). It builds the model in its constructor,
-on the device Ray gave it, and reports where it runs (node, CPUs as read back
-with `os.sched_getaffinity`, GPU ids) so `raybatch status` shows the truth.
+competes with the model for the core). Its constructor first pins the process
+(`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
+builds the model on the device Ray gave it; it reports where it runs (node, CPUs
+as read back with `os.sched_getaffinity`, NUMA node, pinned or not, torch
+threads, GPU ids) so `raybatch status` shows the truth.
 `OMP_NUM_THREADS` comes from the runtime env (set by the pool from `num_cpus`):
 `torch.set_num_threads` alone left a spinning thread.
 """
@@ -18,6 +20,7 @@ import ray
 
 from batching.worker import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
+from cluster.pinning import pin_replica, torch_threads
 
 
 class ModelReplica:
@@ -25,6 +28,9 @@ class ModelReplica:
         self.config = ModelConfig.model_validate_json(model_json)
         self.index = index
         gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
+        # Pinned before the model (and torch) load, so its threads start on their cores.
+        self.placement = pin_replica(self.config.replicas, gpu_ids,
+                                     owner=f"{self.config.name} replica-{index}")
         self.device = "cuda" if gpu_ids else "cpu"
         target = import_object(self.config.transformer)
         self.model = instantiate(target, (), dict(self.config.init_kwargs))
@@ -49,4 +55,6 @@ class ModelReplica:
             "num_cpus": self.config.replicas.num_cpus,
             "gpus": self._gpu_ids,
             "device": self.device,
+            **self.placement.to_dict(),
+            "torch_threads": torch_threads(),
         }

@@ -22,6 +22,7 @@ _SUMMED = ("batches", "items", "queued_requests", "queued_items", "inflight_batc
            "open_requests", "replicas", "replica_deaths", "retried_batches")
 _COUNTERS = ("by_size", "by_reason", "compute_s_by_size")
 _DURATIONS = ("success", "fail", "queue")
+_NONE = {"count": 0, "s": 0.0}
 
 
 def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -29,6 +30,9 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
     if len(shards) == 1:
         return shards[0]
     out: dict[str, Any] = {k: sum(s.get(k, 0) for s in shards) for k in _SUMMED}
+    for k, v in shards[0].items():  # counters of the other engines (live_sequences, steps...)
+        if k not in out and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = sum(s.get(k, 0) for s in shards)
     for k in _COUNTERS:
         merged: dict[Any, float] = {}
         for s in shards:
@@ -36,18 +40,23 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
                 merged[key] = merged.get(key, 0) + v
         out[k] = merged
     for k in _DURATIONS:
-        out[k] = {f: sum(s[k][f] for s in shards) for f in ("count", "s")}
+        out[k] = {f: sum(s.get(k, _NONE)[f] for s in shards) for f in ("count", "s")}
     out["mean_batch_size"] = round(out["items"] / out["batches"], 3) if out["batches"] else 0.0
     out["last_inference_ms"] = max(s.get("last_inference_ms", 0) for s in shards)
     out["latency_model"] = [s.get("latency_model") for s in shards]
     out["replica_info"] = [r for s in shards for r in s.get("replica_info", [])]
     out["shards"] = len(shards)
+    out["kind"] = shards[0].get("kind", "dynamic")
     out["items_by_shard"] = [s.get("items", 0) for s in shards]
     return out
 
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+def _duration(d: dict[str, Any]) -> DurationStat:
+    return DurationStat(d["count"], _ns(d["s"]))
 
 
 def model_counters(raw: dict[str, Any]) -> ModelCounters:
@@ -57,9 +66,9 @@ def model_counters(raw: dict[str, Any]) -> ModelCounters:
         last_inference_ms=raw.get("last_inference_ms", 0),
         inference_count=raw.get("items", 0),
         execution_count=raw.get("batches", 0),
-        success=DurationStat(raw["success"]["count"], _ns(raw["success"]["s"])),
-        fail=DurationStat(raw["fail"]["count"], _ns(raw["fail"]["s"])),
-        queue=DurationStat(raw["queue"]["count"], _ns(raw["queue"]["s"])),
+        success=_duration(raw.get("success", _NONE)),
+        fail=_duration(raw.get("fail", _NONE)),
+        queue=_duration(raw.get("queue", _NONE)),
         compute_infer=DurationStat(raw.get("batches", 0), _ns(sum(compute.values()))),
         batch_stats=tuple(
             BatchStats(int(size), compute_infer=DurationStat(count, _ns(compute.get(size, 0.0))))

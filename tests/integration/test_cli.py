@@ -33,7 +33,10 @@ def test_status_json_reports_every_model_of_the_running_app(app):
         want = app.config.model(model).replicas.min_replicas
         assert len(s["replica_info"]) == s["replicas"] >= want
         assert {r["state"] for r in s["replica_info"]} == {"ALIVE"}, s["replica_info"]
-        assert {"batches", "by_reason", "queued_requests", "success"} <= set(s)
+        if s["kind"] == "iterative":
+            assert {"steps", "waiting", "active", "completed"} <= set(s)
+        else:
+            assert {"batches", "by_reason", "queued_requests"} <= set(s)
 
 
 def test_status_prints_replicas_and_batches_for_people(app):

@@ -61,3 +61,18 @@ def test_import_object_says_what_failed():
     assert import_object("deployments.models:Square").__name__ == "Square"
     with pytest.raises(ConfigError, match=r"cannot import 'deployments\.models:Nope'"):
         import_object("deployments.models:Nope")
+
+
+def test_batching_kind_picks_the_policy_and_a_wrong_kind_is_named():
+    base = {"name": "m", "transformer": "x:Y",
+            "inputs": [{"name": "i", "datatype": "INT32", "shape": [-1, 1]}],
+            "outputs": [{"name": "o", "datatype": "INT32", "shape": [-1, 1]}]}
+    kinds = {"dynamic": {}, "sequence": {"kind": "sequence", "strategy": "oldest"},
+             "iterative": {"kind": "iterative", "max_active": 4}}
+    for kind, block in kinds.items():
+        config = load_config({"models": [{**base, "batching": block}]})
+        assert config.models[0].batching.kind == kind
+    with pytest.raises(ConfigError, match=r"models\.0\.batching\.kind='sequnce': must be one of"):
+        load_config({"models": [{**base, "batching": {"kind": "sequnce"}}]})
+    with pytest.raises(ConfigError, match=r"models\.0\.batching\.max_active=0"):
+        load_config({"models": [{**base, "batching": {"kind": "iterative", "max_active": 0}}]})

@@ -1,0 +1,187 @@
+"""A Ray node's NUMA resources and labels, and the NUMA node each replica asks for.
+
+Ray knows nothing of NUMA, so Raybatch tells it: every node started by `raybatch
+up` or `raybatch join` advertises one custom resource per NUMA node, `numa<N>`,
+counted in the physical cores usable there (after the cgroup cpuset and affinity),
+and labels saying what the node has (`raybatch.io/numa-nodes`, `…/primary-numa`,
+`…/cores`, `…/gpus`). A pinned CPU replica of k cores asks for `{"numa<N>": k}`,
+so Ray never places more pinned replicas on a NUMA node than it has cores, and
+`cluster.pinning` then picks which cores on the machine itself.
+
+Which N: the one with the most free slots (room for a replica of k cores, summed
+over the nodes that advertise it), ties to the primary node, then the lowest N.
+`NumaChooser` remembers the replicas it sent that Ray does not count yet (created
+back to back, they all see the same free resources) until Ray's free count drops
+by them or `claim_ttl_s` passes. A cluster that advertises no `numa<N>` (started
+without Raybatch) gets no request at all: the replica then runs unpinned.
+
+    ray_start_argv(discover(), address="10.0.0.1:6379")
+    # ['ray', 'start', '--address', '10.0.0.1:6379', '--resources', '{"numa0": 8, ...}',
+    #  '--labels', 'raybatch.io/cores=16,...', '--block']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.pinning import NUMA_NODE_ENV, pinned_cores
+from cluster.topology import Topology
+
+LABEL_PREFIX = "raybatch.io/"
+_NUMA = re.compile(r"^numa(\d+)$")
+
+
+def numa_resource(node: int) -> str:
+    return f"numa{node}"
+
+
+def node_resources(topology: Topology) -> dict[str, float]:
+    """`{"numa<N>": physical cores usable on node N}` for every node of the machine."""
+    return {numa_resource(n.id): float(len(n.cores)) for n in topology.nodes}
+
+
+def node_labels(topology: Topology) -> dict[str, str]:
+    """What the node has, as Ray node labels (values are plain numbers: Ray's label syntax)."""
+    return {
+        f"{LABEL_PREFIX}numa-nodes": str(len(topology.nodes)),
+        f"{LABEL_PREFIX}primary-numa": str(topology.primary_node.id),
+        f"{LABEL_PREFIX}cores": str(len(topology.cores)),
+        f"{LABEL_PREFIX}gpus": str(len(topology.gpus)),
+    }
+
+
+def ray_start_argv(topology: Topology, *, address: str | None = None, head: bool = False,
+                   num_cpus: int | None = None, block: bool = True, ray: str = "ray",
+                   extra: Sequence[str] = ()) -> list[str]:
+    """The `ray start` command that starts this machine as a node with its NUMA resources.
+
+    Joins `address`, or starts a head node with `head=True`; exactly one of the two.
+    """
+    if (address is None) == (not head):
+        raise ValueError("give exactly one of --address HOST:PORT (join that cluster) and "
+                         f"--head (start one): got address={address!r}, head={head}")
+    argv = [ray, "start", *(["--head"] if head else ["--address", str(address)])]
+    if num_cpus is not None:
+        argv += ["--num-cpus", str(num_cpus)]
+    resources = {k: _number(v) for k, v in node_resources(topology).items()}
+    labels = ",".join(f"{k}={v}" for k, v in sorted(node_labels(topology).items()))
+    argv += ["--resources", json.dumps(resources, sort_keys=True), "--labels", labels]
+    return [*argv, *(["--block"] if block else []), *extra]
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeNuma:
+    """One Ray node's `numa<N>` resources: free and total cores by N, and its primary N."""
+
+    available: Mapping[int, float]
+    total: Mapping[int, float]
+    primary: int | None = None
+
+
+def numa_amounts(resources: Mapping[str, float]) -> dict[int, float]:
+    """`{N: amount}` of the `numa<N>` entries of a Ray resource dict."""
+    return {int(m.group(1)): float(v) for k, v in resources.items() if (m := _NUMA.match(k))}
+
+
+def _slots(nodes: Sequence[NodeNuma], cores: int, which: str) -> dict[int, int]:
+    """Replicas of `cores` that fit per N, node by node (a replica never spans Ray nodes)."""
+    out: Counter[int] = Counter()
+    for node in nodes:
+        for n in node.total:
+            out[n] += int(getattr(node, which).get(n, 0.0) // cores)
+    return dict(out)
+
+
+@dataclass
+class NumaChooser:
+    """Picks N for each new replica of one pool; see the module note. Pure: pass `now`."""
+
+    claim_ttl_s: float = 30.0
+    _pending: dict[int, int] = field(default_factory=dict)
+    _seen: dict[int, int] = field(default_factory=dict)
+    _claimed_at: dict[int, float] = field(default_factory=dict)
+
+    def choose(self, nodes: Sequence[NodeNuma], cores: int, now: float) -> int | None:
+        """The N to ask `numa<N>` of; None when no node advertises any."""
+        if cores < 1:
+            raise ValueError(f"cores={cores} must be >= 1")
+        free, total = _slots(nodes, cores, "available"), _slots(nodes, cores, "total")
+        if not total:
+            return None
+        self._observe(free, now)
+        primary = Counter(node.primary for node in nodes if node.primary is not None)
+        effective = {n: free.get(n, 0) - self._pending.get(n, 0) for n in total}
+        # Where it fits now; else where it could ever fit (it stays pending there, which
+        # is what makes an autoscaler add a node); else anywhere (the pool warns).
+        for counts in (effective, total, dict.fromkeys(total, 1)):
+            fits = [n for n in counts if counts[n] > 0]
+            if fits:
+                best = min(fits, key=lambda n, c=counts: (-c[n], -primary[n], n))
+                break
+        self._pending[best] = self._pending.get(best, 0) + 1
+        self._claimed_at[best] = now
+        return best
+
+    def _observe(self, free: Mapping[int, int], now: float) -> None:
+        """Drop claims Ray now counts (its free slots fell by them) or that have expired."""
+        for n, slots in free.items():
+            placed = max(0, self._seen.get(n, slots) - slots)
+            self._pending[n] = max(0, self._pending.get(n, 0) - placed)
+            self._seen[n] = slots
+            if now - self._claimed_at.get(n, now) > self.claim_ttl_s:
+                self._pending[n] = 0
+
+
+def numa_request(replicas: Any, chooser: NumaChooser,
+                 view: Callable[[], Sequence[NodeNuma]], now: float,
+                 ) -> tuple[dict[str, float], dict[str, str]]:
+    """(extra resources, extra env) of the next replica of `replicas` (a `ReplicaConfig`).
+
+    A replica that will pin (whole cores, no GPU, `pin` not off) asks for `numa<N>`
+    when the cluster has such resources (`view()`, asked only then), and is told N;
+    a replica whose own `resources` name a numa<N> keeps it. GPU replicas number their
+    devices in PCI order, like sysfs and NVML.
+    """
+    env: dict[str, str] = {}
+    if replicas.num_gpus:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # Ray's GPU ids then follow PCI order
+    cores = pinned_cores(replicas.num_cpus)
+    if replicas.pin == "off" or cores < 1 or replicas.num_gpus:
+        return {}, env
+    named = numa_amounts(replicas.resources)
+    if named:
+        return {}, {**env, NUMA_NODE_ENV: str(min(named))}
+    n = chooser.choose(view(), cores, now)
+    if n is None:
+        return {}, env
+    return {numa_resource(n): float(cores)}, {**env, NUMA_NODE_ENV: str(n)}
+
+
+def numa_view() -> list[NodeNuma]:
+    """The live Ray nodes that advertise `numa<N>` resources (needs `ray.init`)."""
+    import ray
+
+    try:  # per-node availability has no public API in Ray 2.60
+        from ray._private.state import available_resources_per_node
+
+        available = available_resources_per_node()
+    except (ImportError, AttributeError):
+        available = None
+    nodes = []
+    for node in ray.nodes():
+        total = numa_amounts(node.get("Resources", {}))
+        if not node.get("Alive") or not total:
+            continue
+        free = total if available is None else numa_amounts(available.get(node["NodeID"], {}))
+        primary = node.get("Labels", {}).get(f"{LABEL_PREFIX}primary-numa")
+        nodes.append(NodeNuma(free, total, int(primary) if primary else None))
+    return nodes

@@ -1,0 +1,89 @@
+"""Which engine host a model gets, and the few questions the actor side asks of any host.
+
+A model's `batching.kind` decides: `dynamic` (stateless, `BatchHost`),
+`sequence` (stateful, `SequenceHost`: sticky replicas holding per-sequence
+state) or `iterative` (generative, `IterativeHost`: one step at a time per
+replica). The batching actor and the replica pool stay kind-agnostic by going
+through the functions here: building the host, submitting one bundle entry,
+and reading the queue depth the autoscaler scales on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from batching.errors import InvalidRequest
+from batching.host import BatchHost
+from batching.iterative_host import IterativeHost
+from batching.sequence import SequenceRequest
+from batching.sequence_host import SequenceHost
+from batching.types import Request
+from cluster.config import ModelConfig, import_object
+
+Host = BatchHost | SequenceHost | IterativeHost
+
+
+def model_kind(config: ModelConfig) -> str:
+    """'dynamic', 'sequence' or 'iterative'."""
+    return config.batching.kind
+
+
+def make_host(config: ModelConfig, on_replica_died: Callable[[Any], None]) -> Host:
+    policy = config.batching
+    kind = model_kind(config)
+    inflight = config.replicas.max_inflight_batches
+    if kind == "sequence":
+        return SequenceHost(policy, max_inflight=inflight, on_replica_died=on_replica_died)
+    if kind == "iterative":
+        count = getattr(import_object(config.transformer), "count_tokens", len)
+        return IterativeHost(policy, count_tokens=count, on_replica_died=on_replica_died)
+    return BatchHost(policy, max_inflight=inflight, on_replica_died=on_replica_died)
+
+
+def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> asyncio.Future:
+    """Submit one bundle entry `(key, items, priority, timeout_s[, control])`; its future.
+    Raises the request's error (InvalidRequest, QueueFull, UnknownSequence...) at once."""
+    _, items, priority, timeout_s, *rest = entry
+    control = rest[0] if rest else None
+    if kind == "sequence":
+        if control is None:
+            raise InvalidRequest("this model is stateful: every request needs sequence_id "
+                                 "(and sequence_start on a sequence's first request)")
+        if len(items) != 1:
+            raise InvalidRequest(f"a stateful model takes one item per request; got "
+                                 f"{len(items)}: send them one request at a time")
+        sequence_id, start, end = control
+        return host.submit(SequenceRequest(request_id, sequence_id, items[0], bool(start),
+                                           bool(end), timeout_s))
+    if kind == "iterative":
+        raise InvalidRequest("this model is generative: use generate or generate_stream "
+                             "(POST /v2/models/{name}/generate)")
+    return host.submit(Request(request_id, items, False, priority, timeout_s, len(items)))
+
+
+def queued(host: Host) -> int:
+    """Work waiting for a replica: items (dynamic) or requests (sequence, iterative)."""
+    if isinstance(host, BatchHost):
+        return host.engine.queued_items
+    if isinstance(host, SequenceHost):
+        return host.stats()["queued_requests"]
+    return host.stats()["waiting"]
+
+
+def busy(host: Host) -> bool:
+    """Whether anything is queued or running (the pool never scales down a busy model)."""
+    s = host.stats()
+    if isinstance(host, BatchHost):
+        return bool(s["queued_items"] or s["inflight_batches"])
+    if isinstance(host, SequenceHost):
+        return bool(s["queued_requests"] or s["live_sequences"])
+    return bool(s["waiting"] or s["active"])
+
+
+def outstanding(host: Host, client: Any) -> int:
+    """Batches (or steps) sent to `client` that have not come back."""
+    if isinstance(host, IterativeHost):
+        return int(any(s.busy for s in host._slots if s.client is client))
+    return host.outstanding(client)

@@ -1,0 +1,49 @@
+"""Replica actors of stateful and generative models: per-sequence state lives here.
+
+A `SequenceReplica` keeps the states of the sequences the batching actor gave
+it (a `StateStore`: created on start, replaced by what the model returns,
+dropped on end or when the batcher says a sequence idled out). A
+`StepReplica` keeps the generations it runs (a `Generator`) and advances all
+of them one step per call. Both are sync actors, one batch or step at a time,
+built and placed like `ModelReplica` (whose constructor builds the model); if
+one dies, its state is gone, and the batcher says so to the sequences it held.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from batching.generative import Generator
+from batching.iterative import Join, StepOutput
+from batching.stateful import SequenceBatchInput, StateStore
+from deployments.replica import ModelReplica
+
+
+class SequenceReplica(ModelReplica):
+    def __init__(self, model_json: str, index: int) -> None:
+        super().__init__(model_json, index)
+        self.store = StateStore(self.model)
+
+    def run(self, batch: SequenceBatchInput) -> tuple[list[Any], float]:  # type: ignore[override]
+        t0 = time.perf_counter()
+        results = self.store.run(batch)
+        return results, time.perf_counter() - t0
+
+    def release(self, sequence_ids: list[Any]) -> int:
+        return self.store.release(sequence_ids)
+
+    def live_sequences(self) -> int:
+        return self.store.live
+
+
+class StepReplica(ModelReplica):
+    def __init__(self, model_json: str, index: int) -> None:
+        super().__init__(model_json, index)
+        self.generator = Generator(self.model)
+
+    def step(self, join: Sequence[Join], leave: Sequence[Any]) -> tuple[list[StepOutput], float]:
+        t0 = time.perf_counter()
+        outputs = self.generator.step(join, leave)
+        return outputs, time.perf_counter() - t0

@@ -1,0 +1,106 @@
+"""Two Ray nodes on this machine, each advertising one NUMA node; where do replicas land?
+
+Run by `test_multinode.py` in a process of its own (a driver joins one cluster only,
+and the test session already has its shared Ray):
+
+    python -m tests.integration.multinode_scenario WORKDIR
+
+A fake sysfs tree in WORKDIR describes this machine as two NUMA nodes, CPU 0 and
+CPU 1, so pinning really happens. The head node advertises `numa0: 1`, the other
+node `numa1: 1` (as `raybatch join` would for two one-core machines). A model with
+two pinned replicas of one core each is deployed; the pool must send one replica to
+each node (back to back, before Ray counts the first), and each replica must pin
+to its node's CPU. Prints one line, `RESULT {json}`: the nodes, the replicas as
+`raybatch status --json` reports them (read back inside each actor), and the text
+of `raybatch status`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "raybatch-multinode"
+
+
+def fake_sysfs(root: Path) -> None:
+    """CPUs 0 and 1 of this machine, one per NUMA node, no SMT."""
+    for cpu in (0, 1):
+        topo = root / f"devices/system/cpu/cpu{cpu}/topology"
+        topo.mkdir(parents=True)
+        (topo / "thread_siblings_list").write_text(f"{cpu}\n")
+        node = root / f"devices/system/node/node{cpu}"
+        node.mkdir(parents=True)
+        (node / "cpulist").write_text(f"{cpu}\n")
+    (root / "devices/system/cpu/online").write_text("0-1\n")
+
+
+def config(env: dict[str, str]):
+    from cluster.config import load_config
+
+    return load_config({
+        "app_name": APP,
+        "ingress": {"num_cpus": 0, "route_prefix": "/multinode"},
+        "models": [{
+            "name": "square", "transformer": "deployments.models:Square",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+            "batcher": {"num_cpus": 0},
+            "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 1,
+                         "pin": "required", "env": env},
+        }],
+    })
+
+
+def status(address: str, *flags: str) -> str:
+    """`raybatch status`, as a user would run it."""
+    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "status", "--address", address,
+                           "--app", APP, *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"raybatch status failed: {proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+def main(workdir: Path) -> None:
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    from cluster.pinning import CORES_FILE_ENV, SYSFS_ROOT_ENV
+    from deployments.app import build_app
+
+    fake_sysfs(workdir / "sys")
+    env = {SYSFS_ROOT_ENV: str(workdir / "sys"), CORES_FILE_ENV: str(workdir / "cores.json")}
+    os.environ.update(env)
+    os.chdir(ROOT)  # workers put the driver's directory on sys.path
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"numa0": 1}, "include_dashboard": False,
+        "labels": {"raybatch.io/primary-numa": "0"}})
+    try:
+        cluster.add_node(num_cpus=1, resources={"numa1": 1},
+                         labels={"raybatch.io/primary-numa": "1"})
+        ray.init(address=cluster.address, log_to_driver=False)
+        nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("numa"))
+                 for n in ray.nodes() if n["Alive"]}
+        serve.start(proxy_location="Disabled")  # the handle is enough: no port to clash
+        handle = serve.run(build_app(config(env)), name=APP, route_prefix="/multinode")
+        out = handle.infer.remote("square", {"INPUT0": np.array([3.0], np.float32)})
+        squared = out.result(timeout_s=60)["OUTPUT0"].tolist()
+        replicas = json.loads(status(cluster.address, "--json"))["square"]["replica_info"]
+        print("RESULT " + json.dumps({"nodes": nodes, "replicas": replicas, "squared": squared,
+                                      "status_text": status(cluster.address)}), flush=True)
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,144 @@
+"""A Ray node's numa<N> resources and labels, `ray start` argv, and each replica's NUMA node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from cluster.cli import main
+from cluster.config import ReplicaConfig
+from cluster.pinning import NUMA_NODE_ENV, SYSFS_ROOT_ENV
+from cluster.raynode import (
+    NodeNuma,
+    NumaChooser,
+    node_labels,
+    node_resources,
+    numa_amounts,
+    numa_request,
+    ray_start_argv,
+)
+from cluster.serving import local_node_options
+from cluster.topology import discover
+
+# Ray 2.60's node label syntax (ray._private.label_utils), without importing Ray here.
+LABEL_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?")
+
+
+def test_resources_count_usable_physical_cores_per_node(two_socket, container, no_numa):
+    assert node_resources(discover(two_socket.root)) == {"numa0": 8.0, "numa1": 8.0}
+    assert node_resources(discover(container.root)) == {"numa0": 2.0, "numa1": 2.0}
+    assert node_resources(discover(no_numa.root)) == {"numa0": 3.0}  # cpu3 is offline
+
+
+def test_labels_say_what_the_node_has_in_rays_syntax(four_gpu, hybrid):
+    labels = node_labels(discover(four_gpu.root))
+    assert labels == {"raybatch.io/numa-nodes": "2", "raybatch.io/primary-numa": "0",
+                      "raybatch.io/cores": "16", "raybatch.io/gpus": "4"}
+    for key, value in (*labels.items(), *node_labels(discover(hybrid.root)).items()):
+        _, name = key.split("/")
+        assert LABEL_NAME.fullmatch(name) and LABEL_NAME.fullmatch(value), (key, value)
+
+
+def test_ray_start_argv_joins_or_starts_a_head(two_socket):
+    topo = discover(two_socket.root)
+    argv = ray_start_argv(topo, address="10.0.0.1:6379", num_cpus=4, extra=["--foo"])
+    assert argv[:6] == ["ray", "start", "--address", "10.0.0.1:6379", "--num-cpus", "4"]
+    assert json.loads(argv[argv.index("--resources") + 1]) == {"numa0": 8, "numa1": 8}
+    labels = dict(kv.split("=") for kv in argv[argv.index("--labels") + 1].split(","))
+    assert labels == node_labels(topo)
+    assert argv[-2:] == ["--block", "--foo"]
+    head = ray_start_argv(topo, head=True, block=False)
+    assert head[:3] == ["ray", "start", "--head"] and "--block" not in head
+    for kwargs in ({}, {"address": "x:1", "head": True}):
+        with pytest.raises(ValueError, match="exactly one of --address HOST:PORT"):
+            ray_start_argv(topo, **kwargs)
+
+
+def test_join_dry_run_prints_the_ray_start_command(two_socket, capsys):
+    assert main(["join", "--address", "10.0.0.1:6379", "--sysfs-root", str(two_socket.root),
+                 "--dry-run", "--", "--object-store-memory", "100000000"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("$ ") and " start --address 10.0.0.1:6379 --resources " in out
+    assert """'{"numa0": 8, "numa1": 8}'""" in out
+    assert out.rstrip().endswith("--block --object-store-memory 100000000")
+    assert main(["join", "--dry-run", "--sysfs-root", str(two_socket.root)]) == 2
+    assert "exactly one of --address" in capsys.readouterr().err
+
+
+def test_up_gives_the_local_node_its_numa_resources(container, monkeypatch, capsys):
+    monkeypatch.delenv(SYSFS_ROOT_ENV, raising=False)
+    options = local_node_options(str(container.root))
+    assert options["resources"] == {"numa0": 2.0, "numa1": 2.0}
+    assert options["labels"]["raybatch.io/cores"] == "4"
+    assert os.environ[SYSFS_ROOT_ENV] == str(container.root)  # replicas pin by the same tree
+    assert local_node_options(str(container.root / "missing")) == {}
+    assert "replicas run unpinned" in capsys.readouterr().out
+
+
+def test_numa_amounts_picks_the_numa_resources():
+    assert numa_amounts({"CPU": 4, "numa0": 2, "numa12": 1.0, "numa": 3, "xnuma1": 1}) == {
+        0: 2.0, 12: 1.0}
+
+
+def nodes(*specs: tuple[dict[int, float], dict[int, float], int | None]) -> list[NodeNuma]:
+    return [NodeNuma(available, total, primary) for available, total, primary in specs]
+
+
+def test_the_most_free_node_wins_ties_go_to_the_primary_then_the_lowest():
+    chooser = NumaChooser()
+    assert chooser.choose(nodes(({0: 2, 1: 5}, {0: 8, 1: 8}, 0)), 1, now=0) == 1
+    assert NumaChooser().choose(nodes(({0: 4, 1: 4}, {0: 8, 1: 8}, 1)), 1, now=0) == 1
+    assert NumaChooser().choose(nodes(({0: 4, 1: 4}, {0: 8, 1: 8}, None)), 1, now=0) == 0
+    assert NumaChooser().choose([], 1, now=0) is None  # no numa resources: ask for none
+
+
+def test_free_slots_count_node_by_node():
+    # numa0 has 3 free cores in all but 1 + 2 on two nodes: one replica of 2 fits there;
+    # numa1's 2 free cores on one node also hold one; tie -> lowest.
+    view = nodes(({0: 1, 1: 2}, {0: 4, 1: 4}, None), ({0: 2}, {0: 4}, None))
+    assert NumaChooser().choose(view, 2, now=0) == 0
+    view = nodes(({0: 1, 1: 2}, {0: 4, 1: 4}, None), ({0: 1}, {0: 4}, None))
+    assert NumaChooser().choose(view, 2, now=0) == 1  # 1 + 1 free on numa0 hold no replica
+
+
+def test_replicas_created_back_to_back_spread_before_ray_counts_them():
+    chooser = NumaChooser()
+    view = nodes(({0: 1}, {0: 1}, 0), ({1: 1}, {1: 1}, 1))  # node A numa0, node B numa1
+    assert [chooser.choose(view, 1, now=0.0) for _ in range(2)] == [0, 1]
+    # Ray now counts both, so the claims go; a third pends where it could ever fit.
+    placed = nodes(({0: 0}, {0: 1}, 0), ({1: 0}, {1: 1}, 1))
+    assert chooser.choose(placed, 1, now=1.0) == 0
+    assert chooser._pending == {0: 1, 1: 0}
+
+
+def test_a_claim_ray_never_counts_expires():
+    chooser = NumaChooser(claim_ttl_s=30.0)
+    view = nodes(({0: 2, 1: 1}, {0: 2, 1: 1}, 0))
+    assert chooser.choose(view, 1, now=0.0) == 0  # Ray never places it (say it failed)
+    assert chooser.choose(view, 1, now=1.0) == 0  # 2 - 1 claimed = 1 vs 1: tie, primary
+    assert chooser.choose(view, 1, now=2.0) == 1  # 2 - 2 claimed < 1
+    assert chooser.choose(view, 1, now=40.0) == 0  # claims expired: numa0 has 2 free again
+
+
+def test_what_a_replica_asks_for():
+    chooser = NumaChooser()
+    view = nodes(({0: 1, 1: 3}, {0: 4, 1: 4}, 0))
+    asked = []
+
+    def look():
+        asked.append(1)
+        return view
+
+    assert numa_request(ReplicaConfig(num_cpus=2.7), chooser, look, 0) == (
+        {"numa1": 2.0}, {NUMA_NODE_ENV: "1"})
+    for replicas in (ReplicaConfig(num_cpus=0.5), ReplicaConfig(num_cpus=2, pin="off")):
+        assert numa_request(replicas, chooser, look, 0) == ({}, {})
+    gpu = numa_request(ReplicaConfig(num_cpus=2, num_gpus=1), chooser, look, 0)
+    assert gpu == ({}, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    own = numa_request(ReplicaConfig(num_cpus=1, resources={"numa3": 1}), chooser, look, 0)
+    assert own == ({}, {NUMA_NODE_ENV: "3"})  # the config's own resource stands
+    assert len(asked) == 1  # Ray is asked only for a replica that needs a NUMA node
+    assert numa_request(ReplicaConfig(num_cpus=1), NumaChooser(), lambda: [], 0) == ({}, {})

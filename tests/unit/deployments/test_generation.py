@@ -1,0 +1,156 @@
+"""Generation streams multiplexed between a caller (`GenerateMux`) and a batching actor's
+`StreamHub`, without Ray: the fake actor's `.remote` calls the hub directly.
+
+The model is the real TinyLM behind a real `IterativeHost`, so what the mux
+delivers can be compared token for token with what the host produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from batching.errors import InvalidRequest, QueueFull
+from batching.generative import Generator
+from batching.iterative_host import IterativeHost, LocalStepClient
+from batching.iterative_policy import IterativePolicy
+from deployments.generation import GenerateMux, StreamHub, collect, generate_request
+from deployments.tinylm import TinyLM
+
+
+class _Method:
+    def __init__(self, fn, counter):
+        self.fn, self.counter = fn, counter
+
+    def remote(self, *args):
+        self.counter[self.fn.__name__] = self.counter.get(self.fn.__name__, 0) + 1
+        result = self.fn(*args)
+        if asyncio.iscoroutine(result):
+            return result
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(result)
+        return fut
+
+
+class FakeActor:
+    """The three methods BatcherActor exposes for generations, over a StreamHub."""
+
+    def __init__(self, hub: StreamHub) -> None:
+        self.calls: dict[str, int] = {}
+
+        def start_generations(caller, entries):
+            return hub.start(caller, entries)
+
+        async def poll_generations(caller):
+            return await hub.poll(caller, wait_s=1.0)
+
+        def cancel_generations(caller, keys):
+            hub.cancel(caller, keys)
+
+        for fn in (start_generations, poll_generations, cancel_generations):
+            setattr(self, fn.__name__, _Method(fn, self.calls))
+
+
+async def _setup(**policy):
+    host = IterativeHost(IterativePolicy(**policy))
+    model = TinyLM()
+    model.setup("cpu")
+    client = LocalStepClient(Generator(model), thread=False)
+    host.add_replica(client)
+    ids = itertools.count()
+    hub = StreamHub(host, lambda: next(ids))
+    actor = FakeActor(hub)
+    return host, actor, GenerateMux(lambda: actor)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_concurrent_streams_get_their_own_text_with_one_poll_per_step_not_per_stream():
+    prompts = [("abc" * (i + 1), 5 + 3 * i) for i in range(8)]
+
+    async def main():
+        _host, actor, mux = await _setup(max_active=8)
+        together = await asyncio.gather(*(collect(mux.stream(p, {"max_tokens": n}))
+                                          for p, n in prompts))
+        alone = [await collect(mux.stream(p, {"max_tokens": n})) for p, n in prompts]
+        return together, alone, actor.calls
+
+    together, alone, calls = run(main())
+    assert [t["text_output"] for t in together] == [a["text_output"] for a in alone]
+    assert [t["num_tokens"] for t in together] == [n for _, n in prompts]
+    # the 8 concurrent generations were started in one call, and polled far less than
+    # once per token per stream
+    assert calls["start_generations"] == 1 + len(prompts)
+    assert calls["poll_generations"] < sum(n for _, n in prompts)
+
+
+def test_closing_a_stream_early_cancels_its_generation():
+    async def main():
+        host, _actor, mux = await _setup(max_active=4)
+        events = mux.stream("hello", {"max_tokens": 500})
+        seen = [await events.__anext__() for _ in range(3)]
+        await events.aclose()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if host.stats()["active"] == 0 and host.stats()["cancelled"] == 1:
+                break
+        return seen, host.stats()
+
+    seen, stats = run(main())
+    assert len(seen) == 3 and stats["active"] == 0 and stats["cancelled"] == 1
+    assert stats["step_tokens"] < 100
+
+
+def test_refused_generations_raise_their_error_to_that_stream_only():
+    async def main():
+        _host, _actor, mux = await _setup(max_active=1, max_queue_size=2)
+        first = asyncio.ensure_future(collect(mux.stream("a", {"max_tokens": 40})))
+        waiting = asyncio.ensure_future(collect(mux.stream("b", {"max_tokens": 3})))
+        refused = asyncio.ensure_future(collect(mux.stream("c", {"max_tokens": 3})))
+        return await asyncio.gather(first, waiting, refused, return_exceptions=True)
+
+    first, waiting, refused = run(main())
+    assert first["num_tokens"] == 40 and waiting["num_tokens"] == 3
+    assert isinstance(refused, QueueFull)
+
+
+def test_bad_parameters_fail_before_any_call():
+    async def main():
+        _host, actor, mux = await _setup()
+        with pytest.raises(InvalidRequest, match="temperature"):
+            await collect(mux.stream("a", {"temperature": 0.5}))
+        return actor.calls
+
+    assert run(main()) == {}
+
+
+@pytest.mark.parametrize("params, words", [
+    ({"max_tokens": "3"}, "max_tokens"), ({"stop": ""}, "stop"), ({"stop": [1]}, "stop"),
+    ({"priority": -1}, "priority"), ({"timeout": 1.5}, "microseconds"),
+])
+def test_generate_request_checks_each_parameter(params, words):
+    with pytest.raises(InvalidRequest, match=words):
+        generate_request(1, "prompt", params)
+
+
+def test_generate_request_reads_timeout_in_microseconds_and_one_stop_string():
+    r = generate_request(1, "p", {"timeout": 250_000, "stop": "\n", "max_tokens": 4})
+    assert (r.timeout_s, r.stop, r.max_tokens) == (0.25, ("\n",), 4)
+
+
+def test_a_caller_that_stops_polling_has_its_generations_cancelled():
+    async def main():
+        host = IterativeHost(IterativePolicy())  # no replica: the generation waits
+        hub = StreamHub(host, iter(range(1000, 2000)).__next__, lease_s=0.3)
+        hub.start("gone", [(0, "abc", {"max_tokens": 1000})])
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if host.stats()["cancelled"]:
+                break
+        return host.stats()
+
+    assert run(main())["cancelled"] == 1
