@@ -18,10 +18,16 @@ from batching.errors import (
     UnknownSequence,
     WorkerDied,
 )
+from batching.generative import Generator, StepModel
+from batching.iterative import GenerateRequest, IterativeScheduler
+from batching.iterative_policy import IterativePolicy
 from batching.latency import LatencyModel
 from batching.ledger import ItemFailed, Ledger, Outcome
 from batching.model import VectorTransformer
 from batching.policy import DynamicPolicy, QueuePolicy, TimeoutAction
+from batching.sequence import SequenceBatcher, SequenceRequest
+from batching.sequence_policy import SequencePolicy, SequenceStrategy
+from batching.stateful import StatefulTransformer, StateStore
 from batching.stats import BatchStats
 from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
 
@@ -36,8 +42,12 @@ __all__ = [
     "DynamicPolicy",
     "Failure",
     "FlushReason",
+    "GenerateRequest",
+    "Generator",
     "InvalidRequest",
     "ItemFailed",
+    "IterativePolicy",
+    "IterativeScheduler",
     "LatencyModel",
     "Ledger",
     "ModelError",
@@ -48,8 +58,15 @@ __all__ = [
     "RaybatchError",
     "Request",
     "RequestId",
+    "SequenceBatcher",
     "SequenceLost",
+    "SequencePolicy",
+    "SequenceRequest",
+    "SequenceStrategy",
     "ServiceClosed",
+    "StateStore",
+    "StatefulTransformer",
+    "StepModel",
     "TimeoutAction",
     "UnknownSequence",
     "VectorTransformer",

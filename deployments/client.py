@@ -5,17 +5,22 @@ A Serve handle call costs about a millisecond of CPU and one more hop; a caller
 would pay that a thousand times. The client asks the ingress once per model for
 its route (the model's config and its batching actors' handles), then does in
 the caller's process what the ingress does: validate, pick the least-loaded
-shard, and coalesce every request of one event-loop tick into one streaming
-call. If a batching actor was recreated, the failed requests get `WorkerDied`
+shard (for a sequence, the shard that holds it), and coalesce every request of
+one event-loop tick into one call; generations share one long poll per
+batching actor. If a batching actor was recreated, the failed requests get `WorkerDied`
 and the next call fetches the route again.
 
     client = RaybatchClient()                       # the app named "raybatch"
     out = await client.infer("mlp", {"INPUT0": x})  # {"OUTPUT0": y}
+    out = await client.infer("accumulator", {"INPUT0": x},
+                             {"sequence_id": 7, "sequence_start": True})
+    async for event in client.generate_stream("tinylm", "Once", {"max_tokens": 20}): ...
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -49,6 +54,21 @@ class RaybatchClient:
         except WorkerDied:
             self._routes.pop(model, None)  # maybe a recreated actor: ask again next time
             raise
+
+    async def generate(self, model: str, text_input: str,
+                       parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A whole generation of a generative model: {"text_output", "finish_reason", ...}."""
+        route = await self._route(model)
+        return await route.generate(text_input, parameters)
+
+    async def generate_stream(self, model: str, text_input: str,
+                              parameters: dict[str, Any] | None = None
+                              ) -> AsyncIterator[dict[str, Any]]:
+        """A generation's events as they come (one per step, then the final one);
+        closing the iterator early cancels the generation."""
+        route = await self._route(model)
+        async for event in route.generate_stream(text_input, parameters):
+            yield event
 
     async def _route(self, model: str) -> ModelRoute:
         fut = self._routes.get(model)

@@ -63,3 +63,22 @@ def test_client_hands_each_caller_its_own_error(app):
     np.testing.assert_array_equal(good["OUTPUT0"], [9.0])
     assert isinstance(empty, InvalidRequest) and "empty batch dimension" in str(empty)
     assert isinstance(wrong, InvalidRequest) and "exactly one input 'INPUT0'" in str(wrong)
+
+
+def test_client_runs_sequences_and_generations_too(app):
+    async def main():
+        client = RaybatchClient(app.handle)
+        sums = []
+        for i, v in enumerate([4, 5, 6]):
+            out = await client.infer("accumulator", {"INPUT0": np.array([[v]], np.int32)},
+                                     {"sequence_id": "client-seq", "sequence_start": i == 0,
+                                      "sequence_end": i == 2})
+            sums.append(int(out["OUTPUT0"][0][0]))
+        events = [e async for e in client.generate_stream("tinylm", "abc", {"max_tokens": 6})]
+        whole = await client.generate("tinylm", "abc", {"max_tokens": 6})
+        return sums, events, whole
+
+    sums, events, whole = arun(main())
+    assert sums == [4, 9, 15]
+    assert events[-1]["final"] and events[-1]["num_tokens"] == whole["num_tokens"] == 6
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
