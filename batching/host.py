@@ -4,7 +4,8 @@ Placement-agnostic: the embedded `BatchedService` gives it one local worker,
 the Ray batching actor gives it a pool of model-replica actors; both see the
 same `ReplicaClient` seam (`async run(items) -> (results, compute_s)`). The
 host alone reads the clock, arms the one timer at the policy's `deadline()`,
-and turns outcomes into futures.
+and turns outcomes into futures (the pump, timer and close are `LoopHost`'s,
+shared with the sequence and iterative hosts).
 
 Dispatch: a batch goes to the replica with the fewest batches outstanding,
 at most `max_inflight` per replica (pipelining: the next batch waits at the
@@ -28,6 +29,7 @@ import numpy as np
 from batching.dynamic import DynamicBatcher
 from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
+from batching.loop import LoopHost
 from batching.policy import DynamicPolicy
 from batching.types import Batch, Request, RequestId
 
@@ -66,15 +68,15 @@ class _Slot:
         self.inflight = 0
 
 
-class BatchHost:
+class BatchHost(LoopHost[DynamicBatcher]):
     def __init__(self, policy: DynamicPolicy, *, max_inflight: int = 2,
                  clock: Callable[[], float] = time.monotonic,
                  on_replica_died: Callable[[ReplicaClient], None] | None = None) -> None:
+        super().__init__(clock)
         self.policy = policy
         self.engine = DynamicBatcher(policy)
         self.ledger = Ledger(policy.preserve_ordering)
         self.max_inflight = max_inflight
-        self._clock = clock
         self._on_replica_died = on_replica_died or (lambda client: None)
         self._slots: list[_Slot] = []
         self._open: dict[RequestId, _Open] = {}
@@ -82,15 +84,7 @@ class BatchHost:
         self._retried: set[int] = set()
         self.replica_deaths = 0
         self.retried_batches = 0
-        self._parked: list[Batch] = []
-        self._tasks: set[asyncio.Task] = set()  # batches of a dead replica, waiting for a live one
-        self._loop = asyncio.get_running_loop()
-        self._pump_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.closed_reason: str | None = None
+        self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
 
     # -- replicas -------------------------------------------------------------------------
     @property
@@ -133,29 +127,13 @@ class BatchHost:
             self.engine.cancel(request_id, self._clock())
             self._settle(self.ledger.fail(request_id, Cancelled(f"request {request_id!r} {why}")))
 
-    async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
-        """Refuse new requests, run what is queued (flush reason `drain`) for up to
-        `timeout_s`, then fail what is left with ServiceClosed."""
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self.engine.drain()
-        self._pump()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        self.abort(ServiceClosed(f"{reason}: the request did not finish within the "
-                                 f"{timeout_s} s drain timeout"))
-
     def abort(self, error: BaseException) -> None:
         """Fail every open request with `error` now."""
         self._parked.clear()
         for rid in list(self._open):
             self.engine.cancel(rid, self._clock())
         self._settle(self.ledger.fail_all(error))
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, float("inf")
+        self._cancel_timer()
 
     def stats(self) -> dict[str, Any]:
         a, b = self.engine.latency.coefficients
@@ -173,11 +151,6 @@ class BatchHost:
         }
 
     # -- the pump: the only place batches are formed ---------------------------------------
-    def _schedule_pump(self) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
-
     def _free_slots(self) -> int:
         return sum(max(self.max_inflight - s.inflight, 0) for s in self._slots)
 
@@ -211,9 +184,7 @@ class BatchHost:
 
     def _send(self, batch: Batch, slot: _Slot) -> None:
         slot.inflight += 1
-        task = self._loop.create_task(self._run(batch, slot))
-        self._tasks.add(task)  # referenced, so no batch's task is collected mid-flight
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._run(batch, slot))
 
     async def _run(self, batch: Batch, slot: _Slot) -> None:
         try:
@@ -284,18 +255,6 @@ class BatchHost:
         if flat and isinstance(flat[0], np.ndarray) and _same_shape(flat):
             return np.stack(flat)
         return flat
-
-    def _arm_timer(self, deadline: float | None, now: float) -> None:
-        if deadline is None or deadline >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, float("inf")
-        self._pump()
 
     def _settle(self, outcomes: list[Outcome]) -> None:
         open_ = self._open

@@ -32,6 +32,7 @@ from batching.generative import Generator
 from batching.host import ReplicaDied
 from batching.iterative import GenerateRequest, IterativeScheduler, Join, Step, StepOutput
 from batching.iterative_policy import IterativePolicy
+from batching.loop import LoopHost
 from batching.types import RequestId
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,7 @@ class _Slot:
         self.client, self.busy, self.removed = client, False, False
 
 
-class IterativeHost:
+class IterativeHost(LoopHost[IterativeScheduler]):
     """Streams generations of a pool of step replicas under an `IterativePolicy`.
 
     `count_tokens` counts a prompt's tokens for the step budget (the model's
@@ -177,21 +178,13 @@ class IterativeHost:
     def __init__(self, policy: IterativePolicy, *, count_tokens: Callable[[str], int] = len,
                  clock: Callable[[], float] = time.monotonic,
                  on_replica_died: Callable[[StepReplicaClient], None] | None = None) -> None:
+        super().__init__(clock)
         self.policy = policy
         self.engine = IterativeScheduler(policy)
         self._count_tokens = count_tokens
-        self._clock = clock
         self._on_replica_died = on_replica_died or (lambda client: None)
         self._slots: list[_Slot] = []
         self._open: dict[RequestId, _Gen] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._loop = asyncio.get_running_loop()
-        self._pump_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.closed_reason: str | None = None
         self._counts = {"replica_deaths": 0, "completed": 0, "failed": 0, "compute_s": 0.0,
                         "first_text_s": 0.0, "first_texts": 0}
 
@@ -247,29 +240,13 @@ class IterativeHost:
             self._end(request_id, Cancelled(f"request {request_id!r} {why}"))
             self._schedule_pump()
 
-    async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
-        """Refuse new requests, let the open ones finish for up to `timeout_s`, then fail
-        what is left with ServiceClosed."""
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self.engine.drain()
-        self._pump()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        self.abort(ServiceClosed(f"{reason}: the request did not finish within the "
-                                 f"{timeout_s} s drain timeout"))
-
     def abort(self, error: BaseException) -> None:
         """Fail every open request with `error` now (replicas free them next step)."""
         now = self._clock()
         for rid in list(self._open):
             self.engine.cancel(rid, now)
             self._end(rid, error)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, float("inf")
+        self._cancel_timer()
         self._schedule_pump()
 
     def stats(self) -> dict[str, Any]:
@@ -282,11 +259,6 @@ class IterativeHost:
                 "mean_time_to_first_text_s": c["first_text_s"] / max(c["first_texts"], 1)}
 
     # -- the pump: the only place steps are formed -----------------------------------------
-    def _schedule_pump(self) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
-
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self._clock()
@@ -294,9 +266,7 @@ class IterativeHost:
             step = self.engine.next_step(now, slot)
             if step is not None:
                 slot.busy = True
-                task = self._loop.create_task(self._run(step, slot))
-                self._tasks.add(task)  # referenced, so no step's task is collected mid-flight
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._run(step, slot))
         for failure in self.engine.take_failures():
             self._end(failure.request_id, failure.error)
         self._arm_timer(self.engine.deadline(), now)
@@ -376,18 +346,6 @@ class IterativeHost:
         log.error("replica %s died: %s", slot.client.name, error)
         self.remove_replica(slot.client, DIED)
         self._on_replica_died(slot.client)
-
-    def _arm_timer(self, deadline: float | None, now: float) -> None:
-        if deadline is None or deadline >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, float("inf")
-        self._pump()
 
 
 class LocalStepClient:

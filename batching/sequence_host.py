@@ -33,6 +33,7 @@ from batching.errors import (
 )
 from batching.host import ReplicaDied
 from batching.ledger import ItemFailed
+from batching.loop import LoopHost
 from batching.sequence import SequenceBatcher
 from batching.sequence_policy import SequencePolicy
 from batching.sequence_types import SequenceBatch, SequenceId, SequenceRequest
@@ -76,7 +77,7 @@ class _Slot:
         self.inflight = 0
 
 
-class SequenceHost:
+class SequenceHost(LoopHost[SequenceBatcher]):
     """Runs the requests of stateful sequences on replicas that keep their state.
 
     >>> # host = SequenceHost(SequencePolicy(max_batch_size=8)); host.add_replica(client)
@@ -88,25 +89,17 @@ class SequenceHost:
                  on_replica_died: Callable[[Any], None] | None = None) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight={max_inflight} must be >= 1")
+        super().__init__(clock)
         self.policy = policy
         self.engine = SequenceBatcher(policy)
         self.max_inflight = max_inflight
-        self._clock = clock
         self._on_replica_died = on_replica_died or (lambda client: None)
         self._slots: list[_Slot] = []
         self._open: dict[RequestId, _Open] = {}
         self._inflight: dict[int, SequenceBatch] = {}
-        self._tasks: set[asyncio.Task] = set()
         self.replica_deaths = 0
         self.releases_sent = 0
         self.release_failures = 0
-        self._loop = asyncio.get_running_loop()
-        self._pump_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.closed_reason: str | None = None
 
     # -- replicas -------------------------------------------------------------------------
     @property
@@ -164,20 +157,6 @@ class SequenceHost:
             self._resolve(request_id, error=Cancelled(f"request {request_id!r} {why}"))
             self._schedule_pump()  # a slot may have freed, requests behind a start failed
 
-    async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
-        """Refuse new requests, run what is queued (no waiting for fuller batches) for up
-        to `timeout_s`, then fail what is left with ServiceClosed."""
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self.engine.drain()
-        self._pump()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
-        self.abort(ServiceClosed(f"{reason}: the request did not finish within the "
-                                 f"{timeout_s} s drain timeout"))
-
     def abort(self, error: BaseException) -> None:
         """Fail every open request with `error` now."""
         now = self._clock()
@@ -185,9 +164,7 @@ class SequenceHost:
             self.engine.cancel(rid, now)
             self._resolve(rid, error=error)
         self.engine.take_failures()  # requests behind cancelled starts: already failed above
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, float("inf")
+        self._cancel_timer()
 
     def wake(self) -> None:
         """Look at the clock now, as the timer does (for hosts driven by a fake clock)."""
@@ -204,11 +181,6 @@ class SequenceHost:
         }
 
     # -- the pump: the only place batches are formed ---------------------------------------
-    def _schedule_pump(self) -> None:
-        if not self._pump_scheduled:
-            self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
-
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self._clock()
@@ -233,9 +205,7 @@ class SequenceHost:
         inputs = make_batch_input(batch, {rid: open_[rid].request.item for rid in batch.ids})
         self._inflight[batch.id] = batch
         slot.inflight += 1
-        task = self._loop.create_task(self._run(batch, slot, inputs))
-        self._tasks.add(task)  # referenced, so no batch's task is collected mid-flight
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._run(batch, slot, inputs))
 
     async def _run(self, batch: SequenceBatch, slot: _Slot, inputs: SequenceBatchInput) -> None:
         try:
@@ -304,9 +274,7 @@ class SequenceHost:
     def _send_releases(self) -> None:
         for slot, ids in self.engine.take_releases().items():
             if slot in self._slots and ids:
-                task = self._loop.create_task(self._release(slot, ids))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._release(slot, ids))
 
     async def _release(self, slot: _Slot, ids: list[SequenceId]) -> None:
         try:
@@ -318,18 +286,6 @@ class SequenceHost:
 
     def _slot_of(self, client: SequenceReplicaClient) -> _Slot | None:
         return next((s for s in self._slots if s.client is client), None)
-
-    def _arm_timer(self, deadline: float | None, now: float) -> None:
-        if deadline is None or deadline >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_at = None, float("inf")
-        self._pump()
 
     def _resolve(self, request_id: RequestId, value: Any = None,
                  error: BaseException | None = None) -> None:

@@ -1,0 +1,106 @@
+"""`LoopHost`: the event-loop scaffolding that `BatchHost`, `SequenceHost` and
+`IterativeHost` share; each keeps its own policy (its `_pump`, submit, dispatch
+and outcomes).
+
+It decides when a host's pump runs: at most once per loop tick, so every submit,
+cancel and completion of one tick is handled together at no added wait, and when
+the engine's `deadline()` comes, through one timer, moved only to an earlier
+deadline. It also decides how a host closes: refuse new requests, drain the engine,
+run what is open for up to a timeout, then `abort` the rest. The three hosts differ
+in policy, not in this, so it is written once.
+
+Invariants: at most one pump is scheduled and one timer armed (`_timer_at` is its
+deadline, inf when none); every task a host starts stays referenced in `_tasks`
+until it ends, so none is collected mid-flight. The clock is injected (`clock`);
+never imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, Protocol, TypeVar
+
+from batching.errors import ServiceClosed
+
+
+class Drainable(Protocol):
+    def drain(self) -> None:
+        """Stop waiting for fuller batches: form what is queued as soon as it can run."""
+        ...
+
+
+E = TypeVar("E", bound=Drainable)
+
+
+class LoopHost(ABC, Generic[E]):
+    """The pump, timer, task set, idle event and close of an asyncio host over `engine`.
+
+    A subclass sets `self.engine`, implements `_pump` (clear `_pump_scheduled`, form and
+    send what the engine allows now, then `_arm_timer(engine.deadline(), now)`) and
+    `abort`, clears `_idle` when a request opens and sets it when none is open.
+    """
+
+    engine: E
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task] = set()
+        self._pump_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._idle = asyncio.Event()  # set while no request is open
+        self._idle.set()
+        self.closed_reason: str | None = None
+
+    @abstractmethod
+    def _pump(self) -> None:
+        """Form and send what the engine allows now; the only place work is formed."""
+
+    @abstractmethod
+    def abort(self, error: BaseException) -> None:
+        """Fail every open request with `error` now."""
+
+    async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
+        """Refuse new requests, run what is open (the engine drains: no waiting for fuller
+        batches) for up to `timeout_s`, then fail what is left with ServiceClosed."""
+        if self.closed_reason is None:
+            self.closed_reason = reason
+        self.engine.drain()
+        self._pump()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self.abort(ServiceClosed(f"{reason}: the request did not finish within the "
+                                 f"{timeout_s} s drain timeout"))
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Start `coro` as a task, referenced until it ends (the loop holds tasks weakly)."""
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _arm_timer(self, deadline: float | None, now: float) -> None:
+        if deadline is None or deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        self._pump()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, float("inf")
