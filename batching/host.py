@@ -29,7 +29,7 @@ import numpy as np
 from batching.dynamic import DynamicBatcher
 from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
-from batching.loop import LoopHost
+from batching.loop import LoopHost, OpenRequest, ReplicaSlot
 from batching.policy import DynamicPolicy
 from batching.types import Batch, Request, RequestId
 
@@ -49,23 +49,6 @@ class ReplicaClient(Protocol):
         ...
 
 
-class _Open:
-    """An open request: its future, what was asked, and when (for statistics)."""
-
-    __slots__ = ("future", "request", "submitted_s")
-
-    def __init__(self, future: asyncio.Future, request: Request, submitted_s: float) -> None:
-        self.future = future
-        self.request = request
-        self.submitted_s = submitted_s
-
-
-class _Slot:
-    __slots__ = ("client", "inflight")
-
-    def __init__(self, client: ReplicaClient) -> None:
-        self.client = client
-        self.inflight = 0
 
 
 class BatchHost(LoopHost[DynamicBatcher]):
@@ -78,8 +61,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.ledger = Ledger(policy.preserve_ordering)
         self.max_inflight = max_inflight
         self._on_replica_died = on_replica_died or (lambda client: None)
-        self._slots: list[_Slot] = []
-        self._open: dict[RequestId, _Open] = {}
+        self._slots: list[ReplicaSlot] = []
+        self._open: dict[RequestId, OpenRequest] = {}
         self._inflight: dict[int, Batch] = {}
         self._retried: set[int] = set()
         self.replica_deaths = 0
@@ -92,7 +75,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         return [s.client for s in self._slots]
 
     def add_replica(self, client: ReplicaClient) -> None:
-        self._slots.append(_Slot(client))
+        self._slots.append(ReplicaSlot(client))
         self._unpark()
         self._schedule_pump()
 
@@ -102,6 +85,14 @@ class BatchHost(LoopHost[DynamicBatcher]):
 
     def outstanding(self, client: ReplicaClient) -> int:
         return next((s.inflight for s in self._slots if s.client is client), 0)
+
+    @property
+    def queued_work(self) -> int:
+        return self.engine.queued_items
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.engine.queued_items or self._inflight)
 
     # -- requests -------------------------------------------------------------------------
     def submit(self, request: Request) -> asyncio.Future:
@@ -116,7 +107,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.engine.submit(request, self._clock())
         fut = self._loop.create_future()
         self.ledger.open(request)
-        self._open[request.id] = _Open(fut, request, self._clock())
+        self._open[request.id] = OpenRequest(fut, request, self._clock())
         self._idle.clear()
         self._schedule_pump()
         return fut
@@ -170,11 +161,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
         while self._parked and self._free_slots():
             self._send(self._parked.pop(0), self._pick())
 
-    def _pick(self) -> _Slot:
+    def _pick(self) -> ReplicaSlot:
         return min((s for s in self._slots if s.inflight < self.max_inflight),
                    key=lambda s: s.inflight)
 
-    def _dispatch(self, batch: Batch, slot: _Slot) -> None:
+    def _dispatch(self, batch: Batch, slot: ReplicaSlot) -> None:
         self._inflight[batch.id] = batch
         now, open_, stats = batch.created_s, self._open, self.engine.stats
         for p in batch.parts:
@@ -182,11 +173,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
                 stats.record_queue(now - open_[p.request_id].submitted_s)
         self._send(batch, slot)
 
-    def _send(self, batch: Batch, slot: _Slot) -> None:
+    def _send(self, batch: Batch, slot: ReplicaSlot) -> None:
         slot.inflight += 1
         self._spawn(self._run(batch, slot))
 
-    async def _run(self, batch: Batch, slot: _Slot) -> None:
+    async def _run(self, batch: Batch, slot: ReplicaSlot) -> None:
         try:
             results, compute_s = await slot.client.run(self._inputs(batch))
         except ReplicaDied as e:
@@ -213,7 +204,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self._retried.discard(batch.id)
         self.engine.complete(batch.id, self._clock(), compute_s, failed=compute_s is None)
 
-    def _replica_died(self, slot: _Slot, batch: Batch, error: BaseException) -> None:
+    def _replica_died(self, slot: ReplicaSlot, batch: Batch, error: BaseException) -> None:
         if any(s is slot for s in self._slots):
             self.replica_deaths += 1
             log.error("replica %s died: %s", slot.client.name, error)

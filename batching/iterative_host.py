@@ -212,6 +212,18 @@ class IterativeHost(LoopHost[IterativeScheduler]):
             self._end(rid, WorkerDied(why))
         self._schedule_pump()
 
+    def outstanding(self, client: StepReplicaClient) -> int:
+        """1 while a step of `client` is in flight (one step at a time per replica)."""
+        return int(any(s.busy for s in self._slots if s.client is client))
+
+    @property
+    def queued_work(self) -> int:
+        return self.engine.waiting
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.engine.waiting or self.engine.active)
+
     # -- requests -------------------------------------------------------------------------
     def submit(self, request: GenerateRequest) -> GenerationStream:
         """Queue `request`; its stream. Raises InvalidRequest, QueueFull or ServiceClosed

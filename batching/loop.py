@@ -25,6 +25,27 @@ from typing import Any, Generic, Protocol, TypeVar
 from batching.errors import ServiceClosed
 
 
+class OpenRequest:
+    """An open request: its future, what was asked, and when (for statistics)."""
+
+    __slots__ = ("future", "request", "submitted_s")
+
+    def __init__(self, future: asyncio.Future, request: Any, submitted_s: float) -> None:
+        self.future = future
+        self.request = request
+        self.submitted_s = submitted_s
+
+
+class ReplicaSlot:
+    """A replica client and its batches in flight (also the engine's key for it)."""
+
+    __slots__ = ("client", "inflight")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.inflight = 0
+
+
 class Drainable(Protocol):
     def drain(self) -> None:
         """Stop waiting for fuller batches: form what is queued as soon as it can run."""
@@ -62,6 +83,21 @@ class LoopHost(ABC, Generic[E]):
     @abstractmethod
     def abort(self, error: BaseException) -> None:
         """Fail every open request with `error` now."""
+
+    # What a replica pool scales on, in each engine's own unit of waiting work.
+    @property
+    @abstractmethod
+    def queued_work(self) -> int:
+        """Work waiting for a replica: items (dynamic) or requests (sequence, iterative)."""
+
+    @property
+    @abstractmethod
+    def busy(self) -> bool:
+        """Whether anything is queued, running or holding state on a replica."""
+
+    @abstractmethod
+    def outstanding(self, client: Any) -> int:
+        """Batches (or steps) sent to `client` that have not come back."""
 
     async def close(self, timeout_s: float, reason: str = "the service is closing") -> None:
         """Refuse new requests, run what is open (the engine drains: no waiting for fuller

@@ -17,6 +17,21 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+def sorted_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """`preferred_batch_sizes`, checked (each >= 1), deduplicated and sorted."""
+    bad = [s for s in sizes if s < 1]
+    if bad:
+        raise ValueError(f"preferred_batch_sizes={list(sizes)} has {bad}: every size must be >= 1")
+    return tuple(sorted(set(sizes)))
+
+
+def check_preferred_fit(sizes: tuple[int, ...], max_batch_size: int) -> None:
+    too_big = [s for s in sizes if s > max_batch_size]
+    if too_big:
+        raise ValueError(f"preferred_batch_sizes {too_big} exceed max_batch_size={max_batch_size}: "
+                         "lower them or raise max_batch_size")
+
+
 class TimeoutAction(str, enum.Enum):
     REJECT = "reject"  # fail the request with DeadlineExceeded; it never runs
     DELAY = "delay"  # run it after every unexpired request of its level and above
@@ -77,21 +92,11 @@ class DynamicPolicy(BaseModel):
     @field_validator("preferred_batch_sizes")
     @classmethod
     def _sorted_positive(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [s for s in sizes if s < 1]
-        if bad:
-            raise ValueError(
-                f"preferred_batch_sizes={list(sizes)} has {bad}: every size must be >= 1"
-            )
-        return tuple(sorted(set(sizes)))
+        return sorted_sizes(sizes)
 
     @model_validator(mode="after")
     def _consistent(self) -> DynamicPolicy:
-        too_big = [s for s in self.preferred_batch_sizes if s > self.max_batch_size]
-        if too_big:
-            raise ValueError(
-                f"preferred_batch_sizes {too_big} exceed max_batch_size={self.max_batch_size}: "
-                "lower them or raise max_batch_size"
-            )
+        check_preferred_fit(self.preferred_batch_sizes, self.max_batch_size)
         if self.cost_fn is None and self.max_batch_cost is not None and self.max_batch_cost < 1:
             raise ValueError(
                 f"max_batch_cost={self.max_batch_cost} is below 1, the cost of an item when no "

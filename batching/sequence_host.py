@@ -33,7 +33,7 @@ from batching.errors import (
 )
 from batching.host import ReplicaDied
 from batching.ledger import ItemFailed
-from batching.loop import LoopHost
+from batching.loop import LoopHost, OpenRequest, ReplicaSlot
 from batching.sequence import SequenceBatcher
 from batching.sequence_policy import SequencePolicy
 from batching.sequence_types import SequenceBatch, SequenceId, SequenceRequest
@@ -58,23 +58,6 @@ class SequenceReplicaClient(Protocol):
         ...
 
 
-class _Open:
-    __slots__ = ("future", "request", "submitted_s")
-
-    def __init__(self, future: asyncio.Future, request: SequenceRequest, submitted_s: float):
-        self.future = future
-        self.request = request
-        self.submitted_s = submitted_s
-
-
-class _Slot:
-    """A replica as the engine knows it (its key) and its batches in flight."""
-
-    __slots__ = ("client", "inflight")
-
-    def __init__(self, client: SequenceReplicaClient) -> None:
-        self.client = client
-        self.inflight = 0
 
 
 class SequenceHost(LoopHost[SequenceBatcher]):
@@ -94,8 +77,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         self.engine = SequenceBatcher(policy)
         self.max_inflight = max_inflight
         self._on_replica_died = on_replica_died or (lambda client: None)
-        self._slots: list[_Slot] = []
-        self._open: dict[RequestId, _Open] = {}
+        self._slots: list[ReplicaSlot] = []
+        self._open: dict[RequestId, OpenRequest] = {}
         self._inflight: dict[int, SequenceBatch] = {}
         self.replica_deaths = 0
         self.releases_sent = 0
@@ -107,7 +90,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         return [s.client for s in self._slots]
 
     def add_replica(self, client: SequenceReplicaClient) -> None:
-        slot = _Slot(client)
+        slot = ReplicaSlot(client)
         self._slots.append(slot)
         self.engine.add_replica(slot, self._clock())
         self._schedule_pump()
@@ -119,7 +102,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         if slot is not None:
             self._drop(slot)
 
-    def _drop(self, slot: _Slot) -> None:
+    def _drop(self, slot: ReplicaSlot) -> None:
         self._slots.remove(slot)
         lost = self.engine.remove_replica(slot, self._clock())
         if lost:
@@ -130,6 +113,15 @@ class SequenceHost(LoopHost[SequenceBatcher]):
     def outstanding(self, client: SequenceReplicaClient) -> int:
         slot = self._slot_of(client)
         return 0 if slot is None else slot.inflight
+
+    @property
+    def queued_work(self) -> int:
+        return self.engine.queued_requests
+
+    @property
+    def busy(self) -> bool:
+        """Live sequences hold state on their replicas: busy until they end."""
+        return bool(self.engine.queued_requests or self.engine.live_sequences)
 
     # -- requests -------------------------------------------------------------------------
     def submit(self, request: SequenceRequest) -> asyncio.Future:
@@ -144,7 +136,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         # never arrive for an id the host does not know.
         self.engine.submit(request, now)
         fut = self._loop.create_future()
-        self._open[request.id] = _Open(fut, request, now)
+        self._open[request.id] = OpenRequest(fut, request, now)
         self._idle.clear()
         self._schedule_pump()
         return fut
@@ -197,7 +189,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         self._arm_timer(self.engine.deadline(), now)
 
     def _dispatch(self, batch: SequenceBatch) -> None:
-        slot: _Slot = batch.replica  # type: ignore[assignment]  # the key is the slot
+        slot: ReplicaSlot = batch.replica  # type: ignore[assignment]  # the key is the slot
         open_, stats = self._open, self.engine.batch_stats
         for rid in batch.ids:
             stats.record_queue(batch.created_s - open_[rid].submitted_s)
@@ -207,7 +199,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         slot.inflight += 1
         self._spawn(self._run(batch, slot, inputs))
 
-    async def _run(self, batch: SequenceBatch, slot: _Slot, inputs: SequenceBatchInput) -> None:
+    async def _run(self, batch: SequenceBatch, slot: ReplicaSlot,
+                   inputs: SequenceBatchInput) -> None:
         try:
             results, compute_s = await slot.client.run(inputs)
             if len(results) != batch.rows:
@@ -252,7 +245,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         else:
             self.engine.complete(batch.id, self._clock(), lost)
 
-    def _replica_died(self, slot: _Slot, batch: SequenceBatch, error: BaseException) -> None:
+    def _replica_died(self, slot: ReplicaSlot, batch: SequenceBatch, error: BaseException) -> None:
         name = slot.client.name
         if slot in self._slots:
             self.replica_deaths += 1
@@ -276,7 +269,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
             if slot in self._slots and ids:
                 self._spawn(self._release(slot, ids))
 
-    async def _release(self, slot: _Slot, ids: list[SequenceId]) -> None:
+    async def _release(self, slot: ReplicaSlot, ids: list[SequenceId]) -> None:
         try:
             await slot.client.release(ids)
             self.releases_sent += len(ids)
@@ -284,7 +277,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
             self.release_failures += 1
             log.warning("releasing sequences %s on %s failed: %s", ids[:8], slot.client.name, e)
 
-    def _slot_of(self, client: SequenceReplicaClient) -> _Slot | None:
+    def _slot_of(self, client: SequenceReplicaClient) -> ReplicaSlot | None:
         return next((s for s in self._slots if s.client is client), None)
 
     def _resolve(self, request_id: RequestId, value: Any = None,

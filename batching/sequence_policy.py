@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from batching.policy import check_preferred_fit, sorted_sizes
+
 
 class SequenceStrategy(str, enum.Enum):
     DIRECT = "direct"  # one slot (batch row) per live sequence, fixed for its lifetime
@@ -57,21 +59,11 @@ class SequencePolicy(BaseModel):
     @field_validator("preferred_batch_sizes")
     @classmethod
     def _sorted_positive(cls, sizes: tuple[int, ...]) -> tuple[int, ...]:
-        bad = [s for s in sizes if s < 1]
-        if bad:
-            raise ValueError(
-                f"preferred_batch_sizes={list(sizes)} has {bad}: every size must be >= 1"
-            )
-        return tuple(sorted(set(sizes)))
+        return sorted_sizes(sizes)
 
     @model_validator(mode="after")
     def _consistent(self) -> SequencePolicy:
-        too_big = [s for s in self.preferred_batch_sizes if s > self.max_batch_size]
-        if too_big:
-            raise ValueError(
-                f"preferred_batch_sizes {too_big} exceed max_batch_size={self.max_batch_size}: "
-                "lower them or raise max_batch_size"
-            )
+        check_preferred_fit(self.preferred_batch_sizes, self.max_batch_size)
         candidates = self.max_candidate_sequences
         if candidates is None:
             return self

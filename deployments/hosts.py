@@ -3,9 +3,10 @@
 A model's `batching.kind` decides: `dynamic` (stateless, `BatchHost`),
 `sequence` (stateful, `SequenceHost`: sticky replicas holding per-sequence
 state) or `iterative` (generative, `IterativeHost`: one step at a time per
-replica). The batching actor and the replica pool stay kind-agnostic by going
-through the functions here: building the host, submitting one bundle entry,
-and reading the queue depth the autoscaler scales on.
+replica). The batching actor stays kind-agnostic by going through the functions here:
+building the host and submitting one bundle entry. The replica pool asks any
+host the same questions (`queued_work`, `busy`, `outstanding`: see
+`batching.loop.LoopHost`).
 """
 
 from __future__ import annotations
@@ -62,28 +63,3 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
                              "(POST /v2/models/{name}/generate)")
     return host.submit(Request(request_id, items, False, priority, timeout_s, len(items)))
 
-
-def queued(host: Host) -> int:
-    """Work waiting for a replica: items (dynamic) or requests (sequence, iterative)."""
-    if isinstance(host, BatchHost):
-        return host.engine.queued_items
-    if isinstance(host, SequenceHost):
-        return host.stats()["queued_requests"]
-    return host.stats()["waiting"]
-
-
-def busy(host: Host) -> bool:
-    """Whether anything is queued or running (the pool never scales down a busy model)."""
-    s = host.stats()
-    if isinstance(host, BatchHost):
-        return bool(s["queued_items"] or s["inflight_batches"])
-    if isinstance(host, SequenceHost):
-        return bool(s["queued_requests"] or s["live_sequences"])
-    return bool(s["waiting"] or s["active"])
-
-
-def outstanding(host: Host, client: Any) -> int:
-    """Batches (or steps) sent to `client` that have not come back."""
-    if isinstance(host, IterativeHost):
-        return int(any(s.busy for s in host._slots if s.client is client))
-    return host.outstanding(client)

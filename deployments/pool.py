@@ -23,7 +23,6 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from batching.host import ReplicaDied
 from cluster.config import ModelConfig
-from deployments import hosts
 from deployments.hosts import Host
 from deployments.replica import ModelReplica
 
@@ -170,14 +169,14 @@ class ReplicaPool:
         while True:
             await asyncio.sleep(0.5)
             live = len(self.host.replicas) + len(self._starting)
-            queued = hosts.queued(self.host)
+            queued = self.host.queued_work
             if live < r.min_replicas or (
                 live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
             ):
                 self._spawn(self._add())
                 continue
             now = time.monotonic()
-            busy = queued or hosts.busy(self.host)
+            busy = queued or self.host.busy
             self._idle_since = None if busy else (self._idle_since or now)
             if (self._idle_since is not None and now - self._idle_since > r.scale_down_idle_s
                     and len(self.host.replicas) > max(r.min_replicas, 1)):
@@ -185,7 +184,7 @@ class ReplicaPool:
                 self._idle_since = now
 
     def _remove_one(self) -> None:
-        victim = min(self.host.replicas, key=lambda c: hosts.outstanding(self.host, c))
+        victim = min(self.host.replicas, key=self.host.outstanding)
         self.host.remove_replica(victim)
         assert isinstance(victim, RayReplicaClient)
         ray.kill(victim.actor, no_restart=True)
@@ -200,7 +199,7 @@ class ReplicaPool:
                 info["state"] = "ALIVE"
             except Exception as e:
                 info = {"index": client.index, "state": f"DEAD ({type(e).__name__})"}
-            info["outstanding_batches"] = hosts.outstanding(self.host, client)
+            info["outstanding_batches"] = self.host.outstanding(client)
             out.append(info)
         out += [{"index": i, "state": "PENDING"} for i in self._starting]
         return out

@@ -37,7 +37,8 @@ class ModelRoute:
         self.kind = config.batching.kind
         size = getattr(config.batching, "max_batch_size", 64)
         self.shards = [Coalescer(get, bundle_items=size) for get in get_actors]
-        self.generators = [GenerateMux(get) for get in get_actors]
+        iterative = self.kind == "iterative"
+        self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
         self._dtype = NUMPY_DTYPES[self._output.datatype]
 
