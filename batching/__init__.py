@@ -1,10 +1,36 @@
-"""Raybatch's batching engine: policies as pure state machines, the ledger, the embedded host.
+"""Raybatch's batching engine: policies as pure state machines, the ledger, the hosts.
 
 Never imports Ray: the same objects run inside a Ray actor, in-process
-(`BatchedService`) and in the simulator.
+(`BatchedService`) and in the simulator. A map of the package:
+
+The shared core (this folder)
+    types.py      Request, Batch, Part, Failure, FlushReason: the values on the hot path
+    errors.py     the error hierarchy (QueueFull, DeadlineExceeded, ...) and its HTTP codes
+    ledger.py     RequestId -> outcome: results matched by id, split requests joined, order kept
+    latency.py    the batch-latency model learned online (a + b·cost)
+    stats.py      per-batch statistics a host reports
+    sizes.py      preferred batch sizes, the rule the dynamic and sequence policies share
+    model.py      VectorTransformer, the interface of a batched model, and how a batch runs
+    loop.py       LoopHost, the asyncio shell every host shares (one pump per tick, one timer)
+
+One subpackage per kind of batching, each a policy (settings), an engine (a state
+machine handed `now`) and a host (the asyncio loop around it)
+    dynamic/      stateless models: DynamicPolicy, DynamicBatcher, BatchHost
+    sequence/     stateful models: SequencePolicy, SequenceBatcher, SequenceHost,
+                  StatefulTransformer and the replica-side StateStore
+    iterative/    generative models: IterativePolicy, IterativeScheduler, IterativeHost,
+                  StepModel and the replica-side Generator
+
+Running it
+    embedded/     BatchedService: the engine in your own asyncio program, the model in a
+                  worker process or thread
+    simulate/     the same policies on a virtual clock: arrivals, simulate(), the report
+
+Imports point one way: subpackages use the core, the core uses none of them.
 """
 
-from batching.dynamic import DynamicBatcher
+from batching.dynamic.batcher import DynamicBatcher
+from batching.dynamic.policy import DynamicPolicy, QueuePolicy, TimeoutAction
 from batching.errors import (
     BatchSizeMismatch,
     Cancelled,
@@ -18,16 +44,15 @@ from batching.errors import (
     UnknownSequence,
     WorkerDied,
 )
-from batching.generative import Generator, StepModel
-from batching.iterative import GenerateRequest, IterativeScheduler
-from batching.iterative_policy import IterativePolicy
+from batching.iterative.generative import Generator, StepModel
+from batching.iterative.policy import IterativePolicy
+from batching.iterative.scheduler import GenerateRequest, IterativeScheduler
 from batching.latency import LatencyModel
 from batching.ledger import ItemFailed, Ledger, Outcome
 from batching.model import VectorTransformer
-from batching.policy import DynamicPolicy, QueuePolicy, TimeoutAction
-from batching.sequence import SequenceBatcher, SequenceRequest
-from batching.sequence_policy import SequencePolicy, SequenceStrategy
-from batching.stateful import StatefulTransformer, StateStore
+from batching.sequence.batcher import SequenceBatcher, SequenceRequest
+from batching.sequence.policy import SequencePolicy, SequenceStrategy
+from batching.sequence.stateful import StatefulTransformer, StateStore
 from batching.stats import BatchStats
 from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
 
@@ -77,7 +102,7 @@ __all__ = [
 def __getattr__(name: str):
     # The embedded host pulls in asyncio and multiprocessing; load it on first use.
     if name == "BatchedService":
-        from batching.service import BatchedService
+        from batching.embedded.service import BatchedService
 
         return BatchedService
     raise AttributeError(f"module 'batching' has no attribute {name!r}")

@@ -7,6 +7,9 @@ place (`http_status`) instead of being re-derived at every edge.
 
 from __future__ import annotations
 
+import pickle
+import traceback
+
 
 class RaybatchError(Exception):
     """Base class of every error Raybatch raises on purpose."""
@@ -79,3 +82,17 @@ class ModelError(RaybatchError):
 def http_status(error: BaseException) -> int:
     """The HTTP status code for `error`: its class's, or 500 for anything unexpected."""
     return getattr(error, "http_status", 500)
+
+
+def portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling, else a ModelError that names it; with the traceback."""
+    tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        pickle.loads(pickle.dumps(error))
+        out = error
+    except Exception:
+        out = ModelError(f"model raised {type(error).__name__}: {error}")
+    out.__traceback__ = None
+    if hasattr(out, "add_note"):
+        out.add_note(f"in the model worker:\n{tb}")
+    return out

@@ -25,6 +25,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from batching.errors import ServiceClosed
 
 
+class ReplicaDied(Exception):
+    """Raised by a ReplicaClient when the replica is gone (the batch may be retried)."""
+
+
 class OpenRequest:
     """An open request: its future, what was asked, and when (for statistics)."""
 

@@ -60,3 +60,19 @@ def as_batch(items: Sequence[Any]) -> Any:
     if items and all(isinstance(x, np.ndarray) for x in items):
         return np.stack(items)
     return list(items)
+
+
+def instantiate(target: Any, args: tuple, kwargs: dict) -> Any:
+    """A transformer from a class or factory (called with args), or an instance as is."""
+    if isinstance(target, type) or not hasattr(target, "transform"):
+        return target(*args, **kwargs)
+    return target
+
+
+def run_batch(model: Any, items: Any) -> Sequence[Any]:
+    """preprocess → transform → postprocess, with results as a sized sequence."""
+    pre = model.preprocess(items)
+    out = model.postprocess(pre, model.transform(pre))
+    if not isinstance(out, (list, tuple, np.ndarray)):
+        out = list(out)
+    return out

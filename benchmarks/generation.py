@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from batching.generative import Generator
-from batching.iterative import GenerateRequest
-from batching.iterative_host import IterativeHost, LocalStepClient, TokenEvent
-from batching.iterative_policy import IterativePolicy
+from batching.iterative.generative import Generator
+from batching.iterative.host import IterativeHost, LocalStepClient, TokenEvent
+from batching.iterative.policy import IterativePolicy
+from batching.iterative.scheduler import GenerateRequest
 
 MODES = ("continuous", "lockstep", "none")
 TARGET_SPEEDUP = 2.0
@@ -153,7 +153,7 @@ def targets(r: dict[str, float]) -> list[dict[str, Any]]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from deployments.tinylm import CORPUS, TinyLM
+    from deployments.models.tinylm import CORPUS, TinyLM
 
     model = TinyLM(seed=args.seed, train_s=args.train_s, threads=1)
     model.setup("cpu")

@@ -73,7 +73,7 @@ def app_config(max_active: int, model_cpus: float, ingress_cpus: float) -> dict[
         batching: dict[str, Any] = {"kind": "iterative", "max_tokens_limit": 1024}
         batching.update({"max_active": 1} if mode == "none"
                         else {"max_active": max_active, "schedule": mode})
-        return {"name": model_name(mode), "transformer": "deployments.tinylm:TinyLM",
+        return {"name": model_name(mode), "transformer": "deployments.models:TinyLM",
                 "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
                 "batching": batching,
@@ -251,7 +251,7 @@ def keep_best(runs: dict[str, dict], r: dict[str, Any]) -> None:
 async def measure(args: argparse.Namespace, jobs: list[Job]) -> dict[str, Any]:
     from ray import serve
 
-    from deployments.tinylm import TinyLM
+    from deployments.models.tinylm import TinyLM
 
     t0 = time.perf_counter()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
@@ -343,7 +343,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from deployments.tinylm import CORPUS
+    from deployments.models.tinylm import CORPUS
 
     jobs = workload(args.requests, args.rate, args.seed, " ".join(CORPUS.read_text().split()))
     result: dict[str, Any] = {

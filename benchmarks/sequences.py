@@ -5,7 +5,7 @@
 
 64 concurrent clients each run one GRU sequence of 20 steps (start, 18 steps,
 end), awaiting each step's output before sending the next. The host is a real
-`SequenceHost`; the replica is a `StateStore` over `deployments.stateful_models.GRU`
+`SequenceHost`; the replica is a `StateStore` over `deployments.models.stateful.GRU`
 run in one worker thread (a sync replica does one batch at a time), and every
 batch also sleeps `--batch-overhead-ms` in that thread, a stand-in for the Ray
 hop a real replica call costs (0.65-0.8 ms of CPU per empty actor call here).
@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from batching.sequence import SequenceRequest
-from batching.sequence_host import SequenceHost
-from batching.sequence_policy import SequencePolicy
-from batching.stateful import SequenceBatchInput, StateStore
-from deployments.stateful_models import GRU
+from batching.sequence.batcher import SequenceRequest
+from batching.sequence.host import SequenceHost
+from batching.sequence.policy import SequencePolicy
+from batching.sequence.stateful import SequenceBatchInput, StateStore
+from deployments.models.stateful import GRU
 
 # torch loads lazily (in GRU.setup), so this still reaches OpenMP before it starts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

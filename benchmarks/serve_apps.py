@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from batching.errors import InvalidRequest
-from batching.worker import instantiate, run_batch
+from batching.model import instantiate, run_batch
 from benchmarks.serve_models import MAX_BATCH_SIZE, BenchModel, pin_process
 from cluster.config import ModelConfig, import_object
 from deployments.ingress import model_spec

@@ -28,7 +28,8 @@ import aiohttp
 import numpy as np
 
 from benchmarks.loadgen import processes
-from deployments.protocol_binary import INFER_HEADER_LENGTH, datatype_of, encode_binary
+from deployments.protocol.binary import INFER_HEADER_LENGTH, encode_binary
+from deployments.protocol.datatypes import datatype_of
 
 Fetch = Callable[[], Awaitable[dict[str, Any]]]
 

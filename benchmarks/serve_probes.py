@@ -164,7 +164,11 @@ class HttpFront:
         from aiohttp import web
 
         from batching.errors import InvalidRequest
-        from deployments.protocol import encode_infer_response, error_body, parse_infer_request
+        from deployments.protocol.infer import (
+            encode_infer_response,
+            error_body,
+            parse_infer_request,
+        )
 
         try:
             req = parse_infer_request(await request.read(), request.headers, self.spec, 1 << 26)
@@ -271,7 +275,7 @@ async def hop_latencies(model: BenchModel, handles: dict[str, Any],
 
 
 def _model_ms(model: BenchModel, x64: np.ndarray) -> float:
-    from batching.worker import instantiate, run_batch
+    from batching.model import instantiate, run_batch
     from cluster.config import import_object
 
     m = instantiate(import_object(model.config.transformer), (), dict(model.config.init_kwargs))

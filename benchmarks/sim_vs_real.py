@@ -1,7 +1,7 @@
 """The simulator against reality: the same policy, the real embedded host and its model.
 
 The embedded `BatchedService` runs the sleep model (2 ms + 0.05 ms per item) in its
-worker process under closed-loop and Poisson load; `batching.simulate` runs the
+worker process under closed-loop and Poisson load; `batching.simulate.engine` runs the
 same `DynamicPolicy` with the model's nominal latency `a + b·items` and the same
 arrivals. Throughput and p50 latency must agree within 15%: the simulator is only
 worth using to size a deployment if it predicts the one we can measure.
@@ -27,8 +27,8 @@ import time
 import numpy as np
 
 from batching import BatchedService, DynamicPolicy
-from batching.arrivals import ClosedLoop, Poisson
-from batching.simulate import simulate
+from batching.simulate.arrivals import ClosedLoop, Poisson
+from batching.simulate.engine import simulate
 from benchmarks.loadgen import run_closed_loop
 from benchmarks.models import sleep_payloads
 from deployments.models import Sleep

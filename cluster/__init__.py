@@ -1,0 +1,13 @@
+"""The machine and the cluster: configuration, topology, placement, rendering, the CLI.
+
+    config.py     RaybatchConfig: the one YAML file (models, batching, replicas, ingress)
+    topology.py   NUMA nodes, cores, SMT siblings, GPUs, cgroup limits, read from sysfs
+    affinity.py   the affinity plan: which cores the batcher and each replica get
+    pinning.py    a replica pins itself (node-local core allocator, sched_setaffinity)
+    raynode.py    numa<N> resources and labels of a Ray node; `ray start` arguments
+    render.py     what Ray deploys, derived from the config: the Serve config file
+    cli/          the `raybatch` command line, on top of everything (it may import
+                  `deployments`; nothing else in `cluster` does)
+
+Imports point one way: deployments -> cluster -> batching.
+"""

@@ -34,13 +34,20 @@ from pydantic import (
     model_validator,
 )
 
-from batching.iterative_policy import IterativePolicy
-from batching.policy import DynamicPolicy
-from batching.sequence_policy import SequencePolicy
+from batching.dynamic.policy import DynamicPolicy
+from batching.iterative.policy import IterativePolicy
+from batching.sequence.policy import SequencePolicy
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BYTES")
+
+
+# Import paths users wrote that have moved: the new home, named in the error.
+MOVED_MODULES = {
+    "deployments.stateful_models": "deployments.models",
+    "deployments.tinylm": "deployments.models",
+}
 
 
 class ConfigError(ValueError):
@@ -169,6 +176,10 @@ class ModelConfig(BaseModel):
     def _import_path(cls, v: str) -> str:
         if ":" not in v:
             raise ValueError(f"transformer={v!r} must look like 'package.module:ClassName'")
+        module, _, name = v.partition(":")
+        if module in MOVED_MODULES:
+            raise ValueError(f"transformer={v!r}: module {module} has moved; write "
+                             f"'{MOVED_MODULES[module]}:{name}' instead")
         return v
 
     @field_validator("inputs", "outputs")

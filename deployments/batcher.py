@@ -26,8 +26,7 @@ from typing import Any
 
 import ray
 
-from batching.errors import InvalidRequest, RaybatchError
-from batching.worker import portable
+from batching.errors import InvalidRequest, RaybatchError, portable
 from cluster.config import ModelConfig
 from deployments.generation import StreamHub
 from deployments.hosts import Host, make_host, model_kind, submit_bundle_item

@@ -23,10 +23,9 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from batching.errors import InvalidRequest, RaybatchError, WorkerDied
-from batching.iterative import GenerateRequest
-from batching.iterative_host import Finished, IterativeHost
-from batching.worker import portable
+from batching.errors import InvalidRequest, RaybatchError, WorkerDied, portable
+from batching.iterative.host import Finished, IterativeHost
+from batching.iterative.scheduler import GenerateRequest
 
 log = logging.getLogger(__name__)
 GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s")

@@ -15,11 +15,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from batching.dynamic.host import BatchHost
 from batching.errors import InvalidRequest
-from batching.host import BatchHost
-from batching.iterative_host import IterativeHost
-from batching.sequence import SequenceRequest
-from batching.sequence_host import SequenceHost
+from batching.iterative.host import IterativeHost
+from batching.sequence.batcher import SequenceRequest
+from batching.sequence.host import SequenceHost
 from batching.types import Request
 from cluster.config import ModelConfig, import_object
 

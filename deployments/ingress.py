@@ -8,7 +8,7 @@ itself: the batching actors do, across all ingress replicas.
 
 Errors map to status codes in one place (`_error_response`), from the
 `http_status` of the exception classes. The protocol codec is
-`deployments.protocol`; this module only moves bytes, headers and arrays.
+`deployments.protocol.infer`; this module only moves bytes, headers and arrays.
 """
 
 
@@ -30,12 +30,14 @@ from deployments.protocol import (
     check_content_length,
     encode_infer_response,
     error_body,
+    generate_response,
     metadata_json,
     model_config_json,
+    parse_generate_body,
     parse_infer_request,
     server_metadata_json,
+    sse_event,
 )
-from deployments.protocol_generate import generate_response, parse_generate_body, sse_event
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats, model_counters_json
 

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from batching.host import ReplicaDied
+from batching.loop import ReplicaDied
 from cluster.config import ModelConfig
 from deployments.hosts import Host
 from deployments.replica import ModelReplica

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from batching.worker import instantiate, run_batch
+from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import pin_replica, torch_threads
 

@@ -25,7 +25,7 @@ from batching.errors import InvalidRequest
 from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect
-from deployments.protocol_binary import NUMPY_DTYPES
+from deployments.protocol.datatypes import NUMPY_DTYPES
 
 
 class ModelRoute:

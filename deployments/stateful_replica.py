@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from batching.generative import Generator
-from batching.iterative import Join, StepOutput
-from batching.stateful import SequenceBatchInput, StateStore
+from batching.iterative.generative import Generator
+from batching.iterative.scheduler import Join, StepOutput
+from batching.sequence.stateful import SequenceBatchInput, StateStore
 from deployments.replica import ModelReplica
 
 

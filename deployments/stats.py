@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.protocol_metadata import (
+from deployments.protocol.metadata import (
     BatchStats,
     DurationStat,
     ModelCounters,

@@ -60,7 +60,7 @@ def config(env: dict[str, str]):
 
 def status(address: str, *flags: str) -> str:
     """`raybatch status`, as a user would run it."""
-    proc = subprocess.run([sys.executable, "-m", "cluster.cli", "status", "--address", address,
+    proc = subprocess.run([sys.executable, "-m", "cluster.cli.main", "status", "--address", address,
                            "--app", APP, *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     if proc.returncode != 0:

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from batching.errors import SequenceLost, UnknownSequence
-from batching.stateful import SequenceBatchInput, StateStore
+from batching.sequence.stateful import SequenceBatchInput, StateStore
 from deployments.client import RaybatchClient
-from deployments.stateful_models import GRU
+from deployments.models.stateful import GRU
 from tests.conftest import arun, wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sysfs_fixtures import (
+
+from tests.unit.cluster.sysfs_fixtures import (
     FakeSysfs,
     build_container,
     build_four_gpu,

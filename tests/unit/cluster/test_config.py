@@ -76,3 +76,14 @@ def test_batching_kind_picks_the_policy_and_a_wrong_kind_is_named():
         load_config({"models": [{**base, "batching": {"kind": "sequnce"}}]})
     with pytest.raises(ConfigError, match=r"models\.0\.batching\.max_active=0"):
         load_config({"models": [{**base, "batching": {"kind": "iterative", "max_active": 0}}]})
+
+
+@pytest.mark.parametrize("old, new", [
+    ("deployments.stateful_models:Accumulator", "deployments.models:Accumulator"),
+    ("deployments.tinylm:TinyLM", "deployments.models:TinyLM"),
+])
+def test_an_import_path_that_moved_names_the_new_one(old, new):
+    with pytest.raises(ConfigError) as e:
+        load_config({"models": [{**MODEL, "transformer": old}]})
+    assert f"write '{new}' instead" in str(e.value)
+    assert import_object(new).__name__ == new.rpartition(":")[2]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sysfs_fixtures import NODE0, NODE1
 
 from cluster.affinity import PlacementError
 from cluster.config import ReplicaConfig
@@ -24,6 +23,7 @@ from cluster.pinning import (
     pin_replica,
 )
 from cluster.topology import discover
+from tests.unit.cluster.sysfs_fixtures import NODE0, NODE1
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from cluster.cli import main
+from cluster.cli.main import main
+from cluster.cli.serving import local_node_options
 from cluster.config import ReplicaConfig
 from cluster.pinning import NUMA_NODE_ENV, SYSFS_ROOT_ENV
 from cluster.raynode import (
@@ -20,7 +21,6 @@ from cluster.raynode import (
     numa_request,
     ray_start_argv,
 )
-from cluster.serving import local_node_options
 from cluster.topology import discover
 
 # Ray 2.60's node label syntax (ray._private.label_utils), without importing Ray here.

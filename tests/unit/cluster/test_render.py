@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from cluster.cli import main
+from cluster.cli.main import main
 from cluster.config import load_config
 from cluster.render import APP_BUILDER, serve_config
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sysfs_fixtures import GPU_ADDRESSES, NODE0, NODE1
 
 from cluster.topology import (
     NvmlDevice,
@@ -22,6 +21,7 @@ from cluster.topology import (
     parse_cpulist,
     pci_address,
 )
+from tests.unit.cluster.sysfs_fixtures import GPU_ADDRESSES, NODE0, NODE1
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -235,7 +235,7 @@ def test_this_machine_within_this_processes_affinity():
 
 
 def test_placement_modules_do_not_load_ray():
-    script = ("import sys, cluster.topology, cluster.affinity, cluster.topology_cli\n"
+    script = ("import sys, cluster.topology, cluster.affinity, cluster.cli.topology\n"
               "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

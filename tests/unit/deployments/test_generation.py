@@ -13,11 +13,11 @@ import itertools
 import pytest
 
 from batching.errors import InvalidRequest, QueueFull
-from batching.generative import Generator
-from batching.iterative_host import IterativeHost, LocalStepClient
-from batching.iterative_policy import IterativePolicy
+from batching.iterative.generative import Generator
+from batching.iterative.host import IterativeHost, LocalStepClient
+from batching.iterative.policy import IterativePolicy
 from deployments.generation import GenerateMux, StreamHub, collect, generate_request
-from deployments.tinylm import TinyLM
+from deployments.models.tinylm import TinyLM
 
 
 class _Method:

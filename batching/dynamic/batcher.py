@@ -1,0 +1,321 @@
+"""Dynamic batching as a pure state machine: `submit`, `next_batch`, `deadline`, `complete`.
+
+The host owns the clock: every call is handed `now`, and `deadline()` says when
+the host must call `next_batch` again if nothing else happens. The batcher
+never sleeps, spawns or awaits, so a unit test is one line per instant.
+
+Order of service: priority level 1 first; within a level, earliest deadline
+first (no deadline sorts last, FIFO), then the requests delayed by their
+level's `timeout_action=delay`. When to send, checked in this order:
+  drain      the host is closing: send what is queued, no waiting;
+  full       `max_batch_size` items or `max_batch_cost` queued;
+  preferred  the largest preferred size is queued;
+  deadline   a queued request's deadline leaves just the predicted batch latency
+             (with a cold latency model: it comes before the delay would run out);
+  delay      the oldest request waited `max_queue_delay_s` (or, with
+             `adaptive_delay`, waiting for one more request would miss its target).
+Expired requests are failed (or delayed) before anything is formed, so nothing
+expired reaches a replica. A request that does not fit is split: the batch
+takes what fits and the rest stays at the head of its queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import OrderedDict
+
+from batching.dynamic.policy import DynamicPolicy, TimeoutAction
+from batching.dynamic.queues import Entry, LevelQueue
+from batching.errors import DeadlineExceeded, InvalidRequest, QueueFull
+from batching.latency import LatencyModel
+from batching.stats import BatchStats
+from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
+
+_EWMA = 0.1  # weight of the newest sample in the arrival-rate estimates
+
+
+class DynamicBatcher:
+    """Gathers requests of a stateless model into batches under a `DynamicPolicy`.
+
+    >>> q = DynamicBatcher(DynamicPolicy(max_batch_size=4, max_queue_delay_s=0.010))
+    >>> q.submit(Request("a", (1,), single=True), now=0.0)
+    >>> q.next_batch(now=0.009, free_replicas=1) is None
+    True
+    >>> q.next_batch(now=0.010, free_replicas=1).ids
+    ['a']
+    """
+
+    def __init__(self, policy: DynamicPolicy, latency: LatencyModel | None = None) -> None:
+        self.policy = policy
+        self.latency = latency or LatencyModel()
+        self.stats = BatchStats()
+        self._levels = [LevelQueue() for _ in range(policy.priority_levels)]
+        self._queued: OrderedDict[RequestId, Entry] = OrderedDict()  # arrival order
+        self._items = 0
+        self._cost = 0.0
+        self._inflight: dict[int, Batch] = {}
+        self._failures: list[Failure] = []
+        self._seq = itertools.count()
+        self._batch_ids = itertools.count()
+        self._draining = False
+        self._blocked = False  # the last next_batch call had no free replica
+        self._max_cost = policy.max_batch_cost or math.inf
+        # Per-level settings read on every submit, looked up once here.
+        self._default_level = policy.default_level
+        self._limits = [(q.max_queue_size, q.default_timeout_s or math.inf,
+                         q.allow_timeout_override)
+                        for q in map(policy.queue_policy, range(1, policy.priority_levels + 1))]
+        self._last_arrival_s: float | None = None
+        self._interarrival_s = math.inf
+        self._request_cost = 1.0
+
+    # -- state the host may read --------------------------------------------------------
+    @property
+    def queued_requests(self) -> int:
+        return len(self._queued)
+
+    @property
+    def queued_items(self) -> int:
+        return self._items
+
+    @property
+    def inflight_batches(self) -> int:
+        return len(self._inflight)
+
+    def take_failures(self) -> list[Failure]:
+        """Requests the batcher ended without running them since the last call."""
+        out, self._failures = self._failures, []
+        return out
+
+    # -- inputs -------------------------------------------------------------------------
+    def submit(self, request: Request, now: float) -> None:
+        """Queue `request`; raises `InvalidRequest` or `QueueFull` and then keeps nothing."""
+        level = self._level_of(request)
+        if request.num_items < 1:
+            raise InvalidRequest(f"request {request.id!r} has no items: send at least one")
+        if request.id in self._queued:
+            raise InvalidRequest(f"request id {request.id!r} is already queued: ids must be unique")
+        queue = self._levels[level - 1]
+        max_size = self._limits[level - 1][0]
+        if max_size is not None and queue.count >= max_size:
+            raise QueueFull(
+                f"priority level {level} already holds {queue.count} requests "
+                f"(max_queue_size={max_size}): retry later"
+            )
+        cum_cost = self._cum_cost(request)
+        entry = Entry(request, level, now, now + self._timeout_of(request, level),
+                      next(self._seq), cum_cost)
+        queue.push(entry)
+        self._queued[request.id] = entry
+        cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
+        self._items += request.num_items
+        self._cost += cost
+        self._note_arrival(now, cost)
+
+    def cancel(self, request_id: RequestId, now: float) -> bool:
+        """Withdraw what of a request is still queued; True if anything was withdrawn."""
+        entry = self._queued.get(request_id)
+        if entry is None:
+            return False
+        self._remove(entry)
+        return True
+
+    def complete(self, batch_id: int, now: float, compute_s: float | None = None,
+                 *, failed: bool = False) -> Batch:
+        """Record that `batch_id` finished; its latency trains the latency model
+        (`compute_s` if the replica measured it, else the time since dispatch),
+        unless it `failed`: a crash says nothing about how long a batch takes."""
+        batch = self._inflight.pop(batch_id, None)
+        if batch is None:
+            raise KeyError(f"batch {batch_id} is not in flight (completed twice?)")
+        if not failed:
+            latency_s = compute_s if compute_s is not None else now - batch.created_s
+            self.latency.observe(batch.cost, latency_s)
+        return batch
+
+    def drain(self) -> None:
+        """From now on send whatever is queued without waiting (the host is closing)."""
+        self._draining = True
+
+    # -- decisions ----------------------------------------------------------------------
+    def next_batch(self, now: float, free_replicas: int) -> Batch | None:
+        """The batch to run now, or None: nothing is due or no replica is free."""
+        self._expire(now)
+        self._blocked = free_replicas <= 0
+        if self._blocked or not self._queued:
+            return None
+        due = self._due(now)
+        if due is None:
+            return None
+        reason, target_items = due
+        return self._form(reason, target_items, now)
+
+    def deadline(self) -> float | None:
+        """When to call `next_batch` again if nothing is submitted or completed before."""
+        if not self._queued:
+            return None
+        times = [min(q.earliest_deadline() for q in self._levels)]
+        if not self._blocked:
+            times.append(self._delay_send_s())
+            times.append(self._deadline_send_s())
+        t = min(times)
+        if t == math.inf:
+            return None
+        # The adaptive slack is infinite before a second arrival, which makes the send time
+        # -inf: report "due now" as the oldest arrival, a time a host can sleep until.
+        return max(t, next(iter(self._queued.values())).arrival_s)
+
+    # -- phases of next_batch ------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        for queue in self._levels:
+            for entry in queue.pop_expired(now):
+                action = self.policy.queue_policy(entry.level).timeout_action
+                if action is TimeoutAction.DELAY:
+                    entry.delayed = True
+                    queue.delayed.append(entry)
+                    continue
+                self._remove(entry)
+                waited = now - entry.arrival_s
+                self._failures.append(Failure(entry.request.id, DeadlineExceeded(
+                    f"request {entry.request.id!r} waited {waited * 1e3:.1f} ms and passed its "
+                    "deadline before it could run; raise its timeout or add replicas"
+                )))
+
+    def _due(self, now: float) -> tuple[FlushReason, int] | None:
+        p = self.policy
+        if self._draining:
+            return FlushReason.DRAIN, p.max_batch_size
+        if self._items >= p.max_batch_size or self._cost >= self._max_cost:
+            return FlushReason.FULL, p.max_batch_size
+        largest = p.largest_preferred
+        if largest is not None and self._items >= largest:
+            return FlushReason.PREFERRED, largest
+        if self._deadline_send_s() <= now:
+            return FlushReason.DEADLINE, p.max_batch_size
+        if self._delay_send_s() <= now:
+            fitting = [s for s in p.preferred_batch_sizes if s <= self._items]
+            return FlushReason.DELAY, (fitting[-1] if fitting else p.max_batch_size)
+        return None
+
+    def _form(self, reason: FlushReason, target_items: int, now: float) -> Batch:
+        parts: list[Part] = []
+        room_items, room_cost, batch_cost = target_items, self._max_cost, 0.0
+        for queue in self._levels:
+            while room_items > 0 and (entry := queue.head()) is not None:
+                take = entry.fit(room_items, room_cost)
+                if take == 0:
+                    break  # the next item does not fit the cost left; never skip ahead of it
+                start = entry.offset
+                cost = entry.cost(start, start + take)
+                parts.append(Part(entry.request.id, start, start + take))
+                entry.offset += take
+                room_items -= take
+                room_cost -= cost
+                batch_cost += cost
+                self._items -= take
+                self._cost -= cost
+                if entry.remaining_items:
+                    break  # out of room: the rest of this request waits at the head
+                queue.pop_head()
+                queue.count -= 1
+                entry.removed = True
+                del self._queued[entry.request.id]
+            if queue.head() is not None:
+                break  # this level still has requests, so the batch is full
+        batch = Batch(
+            id=next(self._batch_ids),
+            parts=tuple(parts),
+            num_items=target_items - room_items,
+            cost=batch_cost,
+            reason=reason,
+            created_s=now,
+        )
+        self._inflight[batch.id] = batch
+        self.stats.record(batch)
+        return batch
+
+    # -- when to send -------------------------------------------------------------------
+    def _batch_cost_now(self) -> float:
+        share = min(1.0, self.policy.max_batch_size / self._items) if self._items else 1.0
+        return min(self._cost * share, self._max_cost)
+
+    def _adaptive(self) -> bool:
+        return self.policy.adaptive_delay and self.latency.warm
+
+    def _wait_slack_s(self) -> float:
+        """Time a batch needs after it is sent: its predicted latency (plus, adaptively,
+        the expected wait for one more request, since waiting is only worth that)."""
+        cost = self._batch_cost_now()
+        if self._adaptive():
+            return self.latency.predict(cost + self._request_cost) + self._interarrival_s
+        return self.latency.predict(cost)
+
+    def _delay_send_s(self) -> float:
+        oldest = next(iter(self._queued.values()))
+        if self._adaptive():
+            return oldest.arrival_s + self.policy.target_latency_s - self._wait_slack_s()
+        return oldest.arrival_s + self.policy.max_queue_delay_s
+
+    def _deadline_send_s(self) -> float:
+        earliest = min(q.earliest_deadline() for q in self._levels)
+        if earliest == math.inf:
+            return math.inf
+        if not self.latency.warm:
+            # No latency estimate yet. If the delay outlasts a deadline, waiting misses it
+            # for sure: send now (a model that never runs would also never warm up).
+            return -math.inf if earliest <= self._delay_send_s() else math.inf
+        return earliest - self._wait_slack_s()
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _remove(self, entry: Entry) -> None:
+        entry.removed = True
+        self._levels[entry.level - 1].count -= 1
+        self._items -= entry.remaining_items
+        self._cost -= entry.remaining_cost
+        del self._queued[entry.request.id]
+
+    def _note_arrival(self, now: float, cost: float) -> None:
+        if self._last_arrival_s is not None:
+            gap = now - self._last_arrival_s
+            ia = self._interarrival_s
+            self._interarrival_s = gap if ia == math.inf else ia + _EWMA * (gap - ia)
+        self._last_arrival_s = now
+        self._request_cost += _EWMA * (cost - self._request_cost)
+
+    def _level_of(self, request: Request) -> int:
+        prio = request.priority
+        if not prio:
+            return self._default_level
+        levels = self.policy.priority_levels
+        if not 1 <= prio <= levels:
+            raise InvalidRequest(
+                f"priority={prio} is out of range: this model has priority_levels={levels} "
+                f"(1 = highest), so send 1..{levels} or leave it out"
+            )
+        return prio
+
+    def _timeout_of(self, request: Request, level: int) -> float:
+        _, timeout, override = self._limits[level - 1]
+        if request.timeout_s is not None:
+            if request.timeout_s <= 0:
+                raise InvalidRequest(f"timeout_s={request.timeout_s} must be > 0 seconds")
+            if override:
+                timeout = min(timeout, request.timeout_s)
+        return timeout
+
+    def _cum_cost(self, request: Request) -> list[float] | None:
+        fn = self.policy.cost_fn
+        if fn is None:
+            return None
+        cum = [0.0]
+        for i, item in enumerate(request.items):
+            c = float(fn(item))
+            if not c >= 0 or c > self._max_cost:
+                raise InvalidRequest(
+                    f"item {i} of request {request.id!r} costs {c}: item costs must lie in "
+                    f"[0, max_batch_cost={self._max_cost}]; split the item or raise max_batch_cost"
+                )
+            cum.append(cum[-1] + c)
+        return cum
+

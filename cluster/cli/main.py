@@ -1,0 +1,90 @@
+"""The `raybatch` command line: one entry point, one subcommand per job.
+
+Subcommands import what they need when they run, so `raybatch --help` is fast
+and a subcommand that needs Ray does not slow one that does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+def _lazy(target: str):
+    """A subcommand handler that imports 'module:function' only when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(args)
+
+    return run
+
+
+def _build(args: argparse.Namespace) -> int:
+    from cluster.config import load_default
+    from cluster.render import serve_config_yaml
+
+    text = serve_config_yaml(load_default(args.config))
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {args.output}: deploy it with `serve deploy {args.output}`")
+    else:
+        print(text, end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cluster.cli import serving
+
+    parser = argparse.ArgumentParser(prog="raybatch", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start (or join) Ray, deploy the app, serve until Ctrl-C")
+    serving.add_up_arguments(up)
+    up.set_defaults(func=_lazy("cluster.cli.serving:up"))
+
+    join = sub.add_parser("join", help="start this machine as a Ray node (ray start) with its "
+                                       "numa<N> resources and labels; block until stopped")
+    serving.add_join_arguments(join)
+    join.set_defaults(func=_lazy("cluster.cli.serving:join"))
+
+    st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
+    serving.add_status_arguments(st)
+    st.set_defaults(func=_lazy("cluster.cli.serving:status"))
+
+    build = sub.add_parser("build", help="render a self-contained Serve config for serve deploy")
+    build.add_argument("--config", help="YAML config (default: the bundled demo)")
+    build.add_argument("-o", "--output", help="write here instead of stdout")
+    build.set_defaults(func=_build)
+
+    demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
+    demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
+    demo.add_argument("--concurrency", type=int, default=64, help="concurrent clients")
+    demo.add_argument("--seconds", type=float, default=5.0, help="how long to send load")
+    demo.add_argument("--max-batch-size", type=int, default=64)
+    demo.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    demo.set_defaults(func=_lazy("cluster.cli.demo:run_demo"))
+
+    sim = sub.add_parser("simulate", help="predict throughput and latency of a policy")
+    from batching.simulate import cli as simulate_cli
+
+    simulate_cli.add_arguments(sim)
+    sim.set_defaults(func=_lazy("batching.simulate.cli:run"))
+
+    topo = sub.add_parser("topology", help="NUMA nodes, cores and GPUs here, and the affinity plan")
+    from cluster.cli import topology as topology_cli
+
+    topology_cli.add_arguments(topo)
+    topo.set_defaults(func=_lazy("cluster.cli.topology:run"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

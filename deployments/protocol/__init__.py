@@ -1,0 +1,71 @@
+"""The Open Inference Protocol (KServe v2, what Triton speaks), as a codec: no HTTP, no Ray.
+
+The ingress moves bytes and headers; everything a body means is decided here.
+
+    datatypes.py  OIP datatype strings <-> numpy dtypes
+    metadata.py   ModelSpec / TensorSpec, model metadata and config, server metadata,
+                  the statistics extension's JSON
+    binary.py     tensor data: JSON `data` lists and the binary tensor extension, a
+                  request's inputs checked against the model's tensors
+    infer.py      an infer request's body and headers -> arrays and parameters; outputs ->
+                  a response body and headers; the error body
+    generate.py   the generate extension: request bodies, responses, SSE events
+
+Everything wrong with a request raises `InvalidRequest` (or `PayloadTooLarge`) with a
+message that says what was wrong and how to fix it.
+"""
+
+from deployments.protocol.binary import INFER_HEADER_LENGTH, encode_binary
+from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
+from deployments.protocol.generate import generate_response, parse_generate_body, sse_event
+from deployments.protocol.infer import (
+    InferRequest,
+    PayloadTooLarge,
+    RequestedOutput,
+    check_content_length,
+    encode_infer_response,
+    error_body,
+    parse_infer_request,
+)
+from deployments.protocol.metadata import (
+    DEFAULT_EXTENSIONS,
+    BatchStats,
+    DurationStat,
+    ModelCounters,
+    ModelSpec,
+    TensorSpec,
+    metadata_json,
+    model_config_json,
+    model_stat_json,
+    server_metadata_json,
+    stats_json,
+)
+
+__all__ = [
+    "DEFAULT_EXTENSIONS",
+    "INFER_HEADER_LENGTH",
+    "NUMPY_DTYPES",
+    "BatchStats",
+    "DurationStat",
+    "InferRequest",
+    "ModelCounters",
+    "ModelSpec",
+    "PayloadTooLarge",
+    "RequestedOutput",
+    "TensorSpec",
+    "check_content_length",
+    "check_datatype",
+    "datatype_of",
+    "encode_binary",
+    "encode_infer_response",
+    "error_body",
+    "generate_response",
+    "metadata_json",
+    "model_config_json",
+    "model_stat_json",
+    "parse_generate_body",
+    "parse_infer_request",
+    "server_metadata_json",
+    "sse_event",
+    "stats_json",
+]

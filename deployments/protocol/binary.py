@@ -1,0 +1,327 @@
+"""Tensor data of the Open Inference Protocol: datatypes, byte layouts, a request's inputs.
+
+Decides how a tensor travels: which numpy dtype each OIP datatype string means,
+how a tensor's `data` list in JSON becomes an array, how the binary tensor
+data extension lays tensors out after the JSON header (little-endian, row-major;
+BYTES as a 4-byte little-endian length before each element, exactly what
+`tritonclient.utils.serialize_byte_tensor` writes). Pure: no web framework, no Ray.
+
+Invariant: a decoded array has exactly the element count its shape promises, or
+`InvalidRequest` is raised with a message naming the tensor and the fix. BYTES
+tensors are always object arrays of `bytes`. Arrays decoded from binary data are
+read-only views of the request body (no copy); copy them before writing in place.
+`read_inputs` checks each input against the model's `TensorSpec` (name, datatype,
+rank, fixed dims) and consumes the binary section exactly, in input order.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from batching.errors import InvalidRequest
+from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
+from deployments.protocol.metadata import ModelSpec, TensorSpec
+
+INFER_HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# The numpy kinds a JSON `data` list may parse to, per kind of target datatype.
+_JSON_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+_LEN = struct.Struct("<I")
+
+
+def num_elements(shape: Sequence[int]) -> int:
+    """Element count of a shape; 1 for a scalar's empty shape."""
+    return math.prod(shape)
+
+
+def decode_json_data(data: Any, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
+    """A tensor from its JSON `data` (flat row-major or nested lists), reshaped to `shape`."""
+    if not isinstance(data, list):
+        raise InvalidRequest(
+            f"{where}: 'data' must be a JSON array (flat in row-major order, or nested), "
+            f"got {type(data).__name__}"
+        )
+    expected = num_elements(shape)
+    if datatype == "BYTES":
+        flat = _flatten_strings(data, where)
+    else:
+        flat = _json_numbers(data, datatype, where)
+    if flat.size != expected:
+        raise InvalidRequest(
+            f"{where}: 'data' holds {flat.size} elements but shape {list(shape)} needs "
+            f"{expected}; send exactly one element per position of the shape"
+        )
+    return flat.reshape(shape)
+
+
+def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
+    target = NUMPY_DTYPES[datatype]
+    try:
+        parsed = np.asarray(data)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidRequest(
+            f"{where}: 'data' is not a rectangular array of numbers ({exc}); "
+            "send a flat list, or nested lists of equal length"
+        ) from None
+    if parsed.size == 0:
+        return np.empty(0, dtype=target)
+    if target.kind == "u" and parsed.dtype.kind in "fO":
+        parsed = _big_uints(data, parsed)
+    if parsed.dtype.kind not in _JSON_KINDS[target.kind]:
+        wanted = {"b": "true/false", "u": "integers", "i": "integers", "f": "numbers"}
+        raise InvalidRequest(
+            f"{where}: datatype {datatype} needs {wanted[target.kind]} in 'data', "
+            f"got values parsed as {parsed.dtype} (first: {parsed.ravel()[0]!r})"
+        )
+    if target.kind in "iu":
+        info = np.iinfo(target)
+        low, high = parsed.min(), parsed.max()
+        if low < info.min or high > info.max:
+            raise InvalidRequest(
+                f"{where}: 'data' holds {low if low < info.min else high}, outside the range "
+                f"of {datatype} [{info.min}, {info.max}]; use a wider datatype"
+            )
+    return parsed.astype(target, copy=False).ravel()
+
+
+def _big_uints(data: list, parsed: np.ndarray) -> np.ndarray:
+    """numpy reads integers >= 2**63 as float64; keep them exact when every value is an int."""
+    values = np.array(data, dtype=object).ravel()
+    if all(type(v) is int and v >= 0 for v in values):
+        return np.array(values.tolist(), dtype=np.uint64).reshape(parsed.shape)
+    return parsed
+
+
+def _flatten_strings(data: list, where: str) -> np.ndarray:
+    out: list[bytes] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        item = next(stack[-1], _DONE)
+        if item is _DONE:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        elif isinstance(item, str):
+            out.append(item.encode("utf-8"))
+        else:
+            raise InvalidRequest(
+                f"{where}: datatype BYTES needs JSON strings in 'data', got {item!r}; "
+                "send raw bytes with the binary tensor data extension instead"
+            )
+    array = np.empty(len(out), dtype=object)
+    array[:] = out
+    return array
+
+
+_DONE = object()
+
+
+def decode_binary(raw: memoryview, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
+    """A tensor from its bytes in the binary extension; `raw` is exactly its `binary_data_size`."""
+    expected = num_elements(shape)
+    if datatype == "BYTES":
+        return decode_bytes_elements(raw, expected, where).reshape(shape)
+    dtype = NUMPY_DTYPES[datatype]
+    if len(raw) != expected * dtype.itemsize:
+        raise InvalidRequest(
+            f"{where}: binary_data_size is {len(raw)} bytes but shape {list(shape)} of "
+            f"{datatype} needs {expected} x {dtype.itemsize} = {expected * dtype.itemsize}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
+    """`count` BYTES elements, each a 4-byte little-endian length and then its bytes."""
+    out = np.empty(count, dtype=object)
+    offset, size = 0, len(raw)
+    for i in range(count):
+        if offset + 4 > size:
+            raise InvalidRequest(
+                f"{where}: the binary BYTES data ends after {i} of {count} elements; "
+                "each element is a 4-byte little-endian length followed by that many bytes"
+            )
+        (length,) = _LEN.unpack_from(raw, offset)
+        if offset + 4 + length > size:
+            raise InvalidRequest(
+                f"{where}: BYTES element {i} claims {length} bytes but only "
+                f"{size - offset - 4} remain within its binary_data_size"
+            )
+        out[i] = bytes(raw[offset + 4 : offset + 4 + length])
+        offset += 4 + length
+    if offset != size:
+        raise InvalidRequest(
+            f"{where}: {size - offset} bytes are left over after the {count} BYTES "
+            f"elements the shape asks for; binary_data_size must cover exactly those elements"
+        )
+    return out
+
+
+def encode_binary(array: np.ndarray) -> bytes:
+    """The bytes the binary extension carries for `array` (row-major, little-endian)."""
+    if datatype_of(array) == "BYTES":
+        return b"".join(_LEN.pack(len(b)) + b for b in _as_bytes_list(array))
+    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(little).tobytes()
+
+
+def json_data(array: np.ndarray, name: str) -> list:
+    """The flat row-major JSON `data` list of an output; BYTES must be valid UTF-8."""
+    if datatype_of(array) != "BYTES":
+        return array.ravel().tolist()
+    try:
+        return [b.decode("utf-8") for b in _as_bytes_list(array)]
+    except UnicodeDecodeError:
+        raise InvalidRequest(
+            f"output '{name}' holds bytes that are not UTF-8 and cannot travel in JSON; "
+            "request it with parameters.binary_data=true"
+        ) from None
+
+
+def _as_bytes_list(array: np.ndarray) -> list[bytes]:
+    # Like tritonclient's serialize_byte_tensor: bytes as they are, anything else as str.
+    return [x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel().tolist()]
+
+
+def is_uint(value: Any) -> bool:
+    """A JSON non-negative integer (JSON true/false are not integers here)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec) -> dict[str, np.ndarray]:
+    """Decode every input in order, taking binary ones from `binary` one after another."""
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest(
+            f"the request needs a non-empty 'inputs' array; model '{spec.name}' takes "
+            f"{list(spec.input_names)}"
+        )
+    specs = {t.name: t for t in spec.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    for index, entry in enumerate(entries):
+        name, datatype, shape, params = _input_header(entry, index, specs, spec)
+        if name in arrays:
+            raise InvalidRequest(f"input '{name}' appears twice; send each input once")
+        where = f"input '{name}'"
+        if "binary_data_size" in params:
+            raw = _binary_slice(params["binary_data_size"], where, binary, offset)
+            arrays[name] = decode_binary(raw, datatype, shape, where)
+            offset += len(raw)
+        elif "data" in entry:
+            arrays[name] = decode_json_data(entry["data"], datatype, shape, where)
+        else:
+            raise InvalidRequest(
+                f"{where} carries no data: give 'data' in the JSON, or "
+                f"parameters.binary_data_size with the bytes after the JSON header"
+            )
+    _check_all_given(arrays, spec)
+    if binary is not None and offset != len(binary):
+        raise InvalidRequest(
+            f"{len(binary) - offset} bytes after the JSON header belong to no input: the "
+            f"inputs' binary_data_size add up to {offset} of the {len(binary)} sent"
+        )
+    return arrays
+
+
+def _input_header(
+    entry: Any, index: int, specs: dict[str, TensorSpec], spec: ModelSpec
+) -> tuple[str, str, list[int], dict[str, Any]]:
+    """Name, datatype, shape and parameters of one input, checked against the model."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise InvalidRequest(f"inputs[{index}] must be an object with a string 'name'")
+    name = entry["name"]
+    tensor = specs.get(name)
+    if tensor is None:
+        raise InvalidRequest(
+            f"model '{spec.name}' has no input '{name}'; its inputs are {list(spec.input_names)}"
+        )
+    where = f"input '{name}'"
+    datatype = check_datatype(entry.get("datatype"), where)
+    if datatype != tensor.datatype:
+        raise InvalidRequest(
+            f"{where} has datatype {datatype} but model '{spec.name}' expects "
+            f"{tensor.datatype}; convert the data to {tensor.datatype}"
+        )
+    shape = _check_shape(entry.get("shape"), tensor, where)
+    params = entry.get("parameters")
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise InvalidRequest(f"{where}: 'parameters' must be a JSON object, got {params!r}")
+    if "shared_memory_region" in params:
+        raise InvalidRequest(
+            f"{where} uses shared memory, which Raybatch does not support; send the data "
+            "in the body (JSON 'data' or binary tensor data)"
+        )
+    return name, datatype, shape, params
+
+
+def _check_shape(shape: Any, tensor: TensorSpec, where: str) -> list[int]:
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in shape
+    ):
+        raise InvalidRequest(f"{where}: 'shape' must be an array of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise InvalidRequest(
+            f"{where} has shape {shape} with a negative dim; a request gives the actual "
+            "size of every dim (-1 is only for model metadata)"
+        )
+    expected = list(tensor.shape)
+    if len(shape) != len(expected):
+        raise InvalidRequest(
+            f"{where} has shape {shape} of rank {len(shape)} but the model expects rank "
+            f"{len(expected)}, shape {expected} (-1 = any size)"
+        )
+    for axis, (got, want) in enumerate(zip(shape, expected)):
+        if want != -1 and got != want:
+            raise InvalidRequest(
+                f"{where} has shape {shape} but the model expects {expected} "
+                f"(-1 = any size): dim {axis} must be {want}, not {got}"
+            )
+    return shape
+
+
+def _binary_slice(size: Any, where: str, binary: memoryview | None, offset: int) -> memoryview:
+    """The `size` bytes of one input, which start `offset` bytes after the JSON header."""
+    if not is_uint(size):
+        raise InvalidRequest(
+            f"{where}: binary_data_size must be a non-negative integer, got {size!r}"
+        )
+    if binary is None:
+        raise InvalidRequest(
+            f"{where} sets binary_data_size but the request has no {INFER_HEADER_LENGTH} "
+            "header; set it to the length of the JSON part of the body"
+        )
+    if offset + size > len(binary):
+        raise InvalidRequest(
+            f"{where}: binary_data_size={size} at byte {offset} runs past the "
+            f"{len(binary)} bytes after the JSON header; the sizes must add up to them"
+        )
+    return binary[offset : offset + size]
+
+
+def _check_all_given(arrays: dict[str, np.ndarray], spec: ModelSpec) -> None:
+    missing = [n for n in spec.input_names if n not in arrays]
+    if missing:
+        raise InvalidRequest(
+            f"model '{spec.name}' needs inputs {missing} too; it takes {list(spec.input_names)}"
+        )
+
+
+def batch_size_of(inputs: dict[str, np.ndarray], spec: ModelSpec) -> int | None:
+    """The leading dim all inputs share when the model batches; None when it does not."""
+    if spec.max_batch_size == 0:
+        return None
+    sizes = {name: array.shape[0] for name, array in inputs.items()}
+    if len(set(sizes.values())) > 1:
+        raise InvalidRequest(
+            f"the inputs disagree on the batch size (leading dim): {sizes}; every input "
+            "of a request must carry the same number of items"
+        )
+    size = next(iter(sizes.values()))
+    if size == 0:
+        raise InvalidRequest("the batch dim (leading dim) is 0; send at least one item")
+    return size

@@ -1,0 +1,348 @@
+"""The Open Inference Protocol v2 (KServe v2, Triton's HTTP protocol), without HTTP.
+
+Decides what an infer request means and what its response looks like, so the
+Serve ingress only moves bytes and headers: `parse_infer_request` turns a body
+and its headers into arrays checked against the model's `ModelSpec`;
+`encode_infer_response` turns output arrays into a body and headers. Triton's
+`tritonclient.http` must work unchanged, so its conventions are followed to the
+letter (see `deployments.protocol.binary` for the byte layouts):
+
+- binary tensor data: header `Inference-Header-Content-Length: N`, the first N
+  bytes are JSON, the rest are the inputs' raw bytes in input order, each
+  input's `parameters.binary_data_size` long. Responses do the same.
+- request parameters: `priority` (uint, 0 = default level, 1 = highest),
+  `timeout` (uint MICROseconds, 0 = none), `sequence_id` (uint or string, 0 or
+  "" = none), `sequence_start` / `sequence_end` (bool), `binary_data_output`
+  (bool: the default for outputs that do not say). Keys starting `triton_` are
+  reserved; other keys pass through as custom parameters.
+- an output asks for binary with `parameters.binary_data`; with no `outputs`
+  listed, every output is returned (tritonclient then sends
+  `binary_data_output: true`).
+
+Invariant: everything wrong with a request raises `InvalidRequest` (HTTP 400,
+or `PayloadTooLarge`, 413) whose message says what was wrong and how to fix it,
+before any array reaches the engine. Unknown models are the ingress's 404.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from batching.errors import InvalidRequest, ModelError
+from deployments.protocol.binary import (
+    INFER_HEADER_LENGTH,
+    batch_size_of,
+    encode_binary,
+    is_uint,
+    json_data,
+    read_inputs,
+)
+from deployments.protocol.datatypes import datatype_of
+from deployments.protocol.metadata import (
+    ModelSpec,
+)
+
+__all__ = [
+    "InferRequest",
+    "PayloadTooLarge",
+    "RequestedOutput",
+    "check_content_length",
+    "encode_infer_response",
+    "error_body",
+    "parse_infer_request",
+]
+
+_RESERVED_PREFIX = "triton_"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body (after decompression) is larger than the server accepts."""
+
+    http_status = 413
+
+
+class RequestedOutput(NamedTuple):
+    """An output the client asked for, and whether it wants it as binary data."""
+
+    name: str
+    binary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A parsed, validated infer request.
+
+    `parameters` holds every request-level parameter as sent (custom ones too);
+    the properties read Triton's reserved ones in Raybatch's units.
+    `batch_size` is the shared leading dim when the model batches, else None.
+    An empty `outputs_requested` means: return every output, binary if
+    `binary_data_output`.
+    """
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    parameters: dict[str, Any]
+    outputs_requested: list[RequestedOutput]
+    batch_size: int | None = None
+
+    @property
+    def priority(self) -> int | None:
+        """1 = highest; None when absent or 0 (the model's default level)."""
+        return self.parameters.get("priority") or None
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The `timeout` parameter (microseconds on the wire) in seconds; None if 0 or absent."""
+        timeout_us = self.parameters.get("timeout")
+        return timeout_us / 1e6 if timeout_us else None
+
+    @property
+    def sequence_id(self) -> int | str | None:
+        """The correlation id; None when absent, 0 or "" (not part of a sequence)."""
+        return self.parameters.get("sequence_id") or None
+
+    @property
+    def sequence_start(self) -> bool:
+        return bool(self.parameters.get("sequence_start", False))
+
+    @property
+    def sequence_end(self) -> bool:
+        return bool(self.parameters.get("sequence_end", False))
+
+    @property
+    def binary_data_output(self) -> bool:
+        return bool(self.parameters.get("binary_data_output", False))
+
+
+def check_content_length(headers: Mapping[str, str], max_body_bytes: int) -> None:
+    """Raise `PayloadTooLarge` from the Content-Length header alone, before reading the body."""
+    declared = _header(headers, "content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise _too_large(int(declared), max_body_bytes)
+
+
+def parse_infer_request(
+    body: bytes, headers: Mapping[str, str], spec: ModelSpec, max_body_bytes: int
+) -> InferRequest:
+    """Parse and validate `POST /v2/models/{name}/infer` against `spec`.
+
+    >>> spec = ModelSpec("m", inputs=[TensorSpec("x", "INT32", [-1])],
+    ...                  outputs=[TensorSpec("y", "INT32", [-1])], max_batch_size=4)
+    >>> body = b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}'
+    >>> parse_infer_request(body, {}, spec, 1 << 20).inputs["x"].tolist()
+    [1, 2]
+    """
+    if len(body) > max_body_bytes:
+        raise _too_large(len(body), max_body_bytes)
+    body = _decompress(body, _header(headers, "content-encoding"), max_body_bytes)
+    json_length = _json_length(headers, len(body))
+    doc = _load_json(memoryview(body)[:json_length])
+    parameters = _request_parameters(doc.get("parameters"))
+    binary = memoryview(body)[json_length:] if json_length is not None else None
+    inputs = read_inputs(doc.get("inputs"), binary, spec)
+    outputs = _requested_outputs(
+        doc.get("outputs"), spec, bool(parameters.get("binary_data_output", False))
+    )
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest(f"'id' must be a JSON string, got {request_id!r}")
+    return InferRequest(request_id, inputs, parameters, outputs, batch_size_of(inputs, spec))
+
+
+def _header(headers: Mapping[str, str], lower_name: str) -> str | None:
+    value = headers.get(lower_name)
+    if value is None:  # a plain dict with other casing; Starlette's Headers are lowercase
+        value = next((v for k, v in headers.items() if k.lower() == lower_name), None)
+    return None if value is None else str(value).strip()
+
+
+def _too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the request body is {size} bytes, more than this server's limit of {limit}; "
+        "send fewer items per request"
+    )
+
+
+def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes:
+    """Undo `Content-Encoding: gzip|deflate` (tritonclient's request compression)."""
+    encoding = (encoding or "identity").lower()
+    if encoding == "identity":
+        return body
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
+    if wbits is None:
+        raise InvalidRequest(
+            f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none"
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        # Bounded: a small compressed body must not inflate past the limit.
+        out = inflater.decompress(body, max_body_bytes + 1)
+    except zlib.error as exc:
+        raise InvalidRequest(f"the body is not valid {encoding} data ({exc})") from None
+    if len(out) > max_body_bytes or inflater.unconsumed_tail:
+        raise _too_large(max(len(out), max_body_bytes + 1), max_body_bytes)
+    if not inflater.eof:
+        raise InvalidRequest(f"the {encoding} body is truncated; send the whole stream")
+    return out
+
+
+def _json_length(headers: Mapping[str, str], body_size: int) -> int | None:
+    """The JSON header's length from `Inference-Header-Content-Length`; None if absent."""
+    raw = _header(headers, INFER_HEADER_LENGTH.lower())
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise InvalidRequest(f"{INFER_HEADER_LENGTH} must be a non-negative integer, got {raw!r}")
+    length = int(raw)
+    if length == 0 or length > body_size:
+        raise InvalidRequest(
+            f"{INFER_HEADER_LENGTH} is {length} but must be between 1 and the body's "
+            f"{body_size} bytes: the length of the JSON that starts the body"
+        )
+    return length
+
+
+def _load_json(raw: memoryview) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw.tobytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(
+            f"the request JSON is not UTF-8 ({exc}); if the body carries binary tensors, "
+            f"set {INFER_HEADER_LENGTH} to the length of its JSON part"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(
+            f"the request JSON must be an object with 'inputs', got {type(doc).__name__}"
+        )
+    return doc
+
+
+def _request_parameters(raw: Any) -> dict[str, Any]:
+    """Check Triton's reserved request parameters; custom ones pass through as sent."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"'parameters' must be a JSON object, got {raw!r}")
+    for key, value in raw.items():
+        if key.startswith(_RESERVED_PREFIX):
+            raise InvalidRequest(
+                f"parameter '{key}': keys starting with '{_RESERVED_PREFIX}' are reserved"
+            )
+        if key in ("priority", "timeout") and not is_uint(value):
+            unit = " in microseconds" if key == "timeout" else " (1 = highest, 0 = default)"
+            raise InvalidRequest(
+                f"parameter '{key}' must be a non-negative integer{unit}, got {value!r}"
+            )
+        if key == "sequence_id" and not (is_uint(value) or isinstance(value, str)):
+            raise InvalidRequest(
+                f"parameter 'sequence_id' must be a non-negative integer or a string, got {value!r}"
+            )
+        if key in ("sequence_start", "sequence_end", "binary_data_output") and not isinstance(
+            value, bool
+        ):
+            raise InvalidRequest(f"parameter '{key}' must be true or false, got {value!r}")
+    return dict(raw)
+
+
+def _requested_outputs(raw: Any, spec: ModelSpec, default_binary: bool) -> list[RequestedOutput]:
+    """The outputs asked for, each binary or not; [] means all of them."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InvalidRequest(f"'outputs' must be a JSON array, got {raw!r}")
+    requested: list[RequestedOutput] = []
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InvalidRequest(f"outputs[{index}] must be an object with a string 'name'")
+        name = entry["name"]
+        if name not in spec.output_names:
+            raise InvalidRequest(
+                f"model '{spec.name}' has no output '{name}'; its outputs are "
+                f"{list(spec.output_names)}"
+            )
+        if any(r.name == name for r in requested):
+            raise InvalidRequest(f"output '{name}' is requested twice; name each output once")
+        params = entry.get("parameters")
+        params = {} if params is None else params
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"output '{name}': 'parameters' must be a JSON object")
+        for unsupported in ("classification", "shared_memory_region"):
+            if unsupported in params:
+                raise InvalidRequest(
+                    f"output '{name}' asks for {unsupported}, which Raybatch does not "
+                    "support; request the plain tensor"
+                )
+        binary = params.get("binary_data", default_binary)
+        if not isinstance(binary, bool):
+            raise InvalidRequest(
+                f"output '{name}': binary_data must be true or false, got {binary!r}"
+            )
+        requested.append(RequestedOutput(name, binary))
+    return requested
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
+    default_binary: bool,
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers for an infer request's `outputs`.
+
+    Returns only `outputs_requested` when it names any, else every output in
+    `outputs`, binary when `default_binary`. With any binary output the body is
+    the JSON then the raw bytes, and `Inference-Header-Content-Length` is set.
+
+    >>> body, headers = encode_infer_response("m", "1", None, {"y": np.ones(2)}, [], False)
+    >>> headers["Content-Type"], body[:22]
+    ('application/json', b'{"model_name":"m","mod')
+    """
+    selected = outputs_requested or [RequestedOutput(n, default_binary) for n in outputs]
+    chunks: list[bytes] = []  # binary outputs' bytes, in the order of their entries
+    entries = [_output_entry(name, binary, outputs, chunks) for name, binary in selected]
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id:
+        doc["id"] = request_id
+    doc["outputs"] = entries
+    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    if not chunks:
+        return header, {"Content-Type": "application/json"}
+    return b"".join([header, *chunks]), {
+        "Content-Type": "application/octet-stream",
+        INFER_HEADER_LENGTH: str(len(header)),
+    }
+
+
+def _output_entry(
+    name: str, binary: bool, outputs: Mapping[str, np.ndarray], chunks: list[bytes]
+) -> dict[str, Any]:
+    if name not in outputs:
+        raise ModelError(
+            f"the model returned outputs {list(outputs)} but not '{name}', which the "
+            "request asked for; the model must return every output it declares"
+        )
+    array = np.asarray(outputs[name])
+    entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array)}
+    entry["shape"] = list(array.shape)
+    if binary:
+        raw = encode_binary(array)
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        chunks.append(raw)
+    else:
+        entry["data"] = json_data(array, name)
+    return entry
+
+
+def error_body(message: str) -> bytes:
+    """The OIP error body: `{"error": message}`."""
+    return json.dumps({"error": message}).encode("utf-8")

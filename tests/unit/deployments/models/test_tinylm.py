@@ -1,0 +1,130 @@
+"""TinyLM: fast setup, its vocabulary, the KV cache against full recomputation, batched steps
+against single ones token for token, the context limit, seeds, and training."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from batching.iterative.generative import Generator
+from batching.iterative.scheduler import Join
+from deployments.models.tinylm import CHARS, EOS_ID, VOCAB, TinyLM
+
+PROMPTS = ["The river", "a", "Once upon a time, there was", "xyz " * 12, "Q?", "\n\n"]
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyLM:
+    m = TinyLM()
+    m.setup("cpu")
+    return m
+
+
+def generate(model, prompts, max_tokens, *, batch: int) -> list[str]:
+    """Greedy texts of `prompts`, `batch` sequences joining per step as slots free up;
+    `max_tokens` an int, or one per prompt."""
+    gen, texts = Generator(model), [""] * len(prompts)
+    limits = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    waiting = list(range(len(prompts)))
+    while waiting or gen.live:
+        room = batch - gen.live
+        join = [Join(i, prompts[i], limits[i], ()) for i in waiting[:room]]
+        waiting = waiting[len(join):]
+        for out in gen.step(join, []):
+            texts[out.id] += out.text
+    return texts
+
+
+def test_setup_is_fast_without_training():
+    import torch  # noqa: F401  (importing torch is not setup)
+
+    t0 = time.perf_counter()
+    TinyLM().setup("cpu")
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_vocabulary_is_printable_ascii_newline_and_eos(model):
+    assert VOCAB == 97 and len(CHARS) == 96 and EOS_ID == 96
+    assert model.decode(model.encode("Hi there!\n~")) == "Hi there!\n~"
+    assert model.decode(model.encode("tab\there é")) == "tab?here ?"  # others read as "?"
+    assert model.decode([*model.encode("ab"), EOS_ID]) == "ab"
+    assert TinyLM.count_tokens("héllo\n") == len(model.encode("héllo\n")) == 6
+
+
+def test_the_kv_cache_matches_recomputing_the_whole_sequence(model):
+    for prompt in PROMPTS:
+        ids = model.encode(prompt)
+        [state] = model.prefill([ids])
+        cached = []
+        for _ in range(20):
+            [token], [state] = model.step([state])
+            cached.append(token)
+        assert cached == model.reference(ids, 20), prompt
+
+
+def test_batched_steps_equal_one_sequence_at_a_time_token_for_token(model):
+    alone = generate(model, PROMPTS, 40, batch=1)
+    assert generate(model, PROMPTS, 40, batch=len(PROMPTS)) == alone
+    assert generate(model, PROMPTS, 40, batch=2) == alone  # joining mid-way changes nothing
+    assert len(set(alone)) == len(PROMPTS)
+
+
+def test_kv_rows_move_as_sequences_leave_and_two_generators_may_share_the_model(model):
+    limits = [5, 40, 12, 33, 7, 21]  # sequences leave at different steps: rows move
+    alone = generate(model, PROMPTS, limits, batch=1)
+    assert generate(model, PROMPTS, limits, batch=3) == alone
+    a, b = Generator(model), Generator(model)  # each steps a subset of the pool's rows
+    texts = {}
+    outs = a.step([Join(i, PROMPTS[i], limits[i], ()) for i in (0, 1, 2)], [])
+    outs += b.step([Join(i, PROMPTS[i], limits[i], ()) for i in (3, 4, 5)], [])
+    while a.live or b.live:
+        for o in outs:
+            texts[o.id] = texts.get(o.id, "") + o.text
+        outs = (a.step([], []) if a.live else []) + (b.step([], []) if b.live else [])
+    for o in outs:
+        texts[o.id] = texts.get(o.id, "") + o.text
+    assert [texts[i] for i in range(6)] == alone
+    assert model.live == 0  # every finished sequence gave its row back
+
+
+def test_a_sequence_reaching_the_context_finishes_with_length(model):
+    gen = Generator(model)
+    outs = gen.step([Join("near", "x" * 250, 100, ()), Join("full", "y" * 256, 100, ())], [])
+    assert [(o.id, o.finished, o.tokens) for o in outs] == [
+        ("full", "length", 0), ("near", None, 1)]
+    reasons = []
+    while gen.live:
+        reasons += [o.finished for o in gen.step([], [])]
+    assert len(reasons) == 5 and reasons[-1] == "length"  # 250 + 6 = 256
+
+
+def test_the_seed_picks_the_weights_and_the_same_seed_gives_the_same_text(model):
+    other_same, other_seed = TinyLM(seed=0), TinyLM(seed=1)
+    other_same.setup("cpu")
+    other_seed.setup("cpu")
+    base = generate(model, PROMPTS[:3], 20, batch=3)
+    assert generate(other_same, PROMPTS[:3], 20, batch=3) == base
+    assert generate(other_seed, PROMPTS[:3], 20, batch=3) != base
+
+
+def test_untrained_it_does_not_end_early_and_training_is_deterministic(model):
+    ids = model.encode("The river ran")
+    assert EOS_ID not in model.reference(ids, 60)
+    a, b = TinyLM(train_steps=3), TinyLM(train_steps=3)
+    a.setup("cpu")
+    b.setup("cpu")
+    assert a.trained_steps == 3
+    assert a.reference(ids, 15) == b.reference(ids, 15) != model.reference(ids, 15)
+
+
+@pytest.mark.gpu
+def test_setup_on_cuda_generates_the_same_text():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    gpu = TinyLM()
+    gpu.setup("cuda")
+    cpu = TinyLM()
+    cpu.setup("cpu")
+    assert generate(gpu, PROMPTS, 30, batch=4) == generate(cpu, PROMPTS, 30, batch=1)
