@@ -129,8 +129,11 @@ def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan
     first = k8s.cpu_workers[0]
     ingress = config.ingress
     if ingress.num_cpus:
-        cpu[first.name].append(Demand("the ingress", Ask(cpus=ingress.num_cpus),
-                                      ingress.num_replicas, ingress.num_replicas))
+        demand = Demand("the ingress", Ask(cpus=ingress.num_cpus), ingress.num_replicas,
+                        ingress.num_replicas)
+        if not fits(demand.ask, first):
+            raise RenderError(_too_big(demand, [first], "ingress.num_cpus"))
+        cpu[first.name].append(demand)
     for model in config.models:
         _check_resources(model)
         replica, *batcher = _model_demands(model)
@@ -173,6 +176,11 @@ def _check_gpu(model: ModelConfig, replica: Demand, gpus: GpuWorkers | None) -> 
         raise RenderError(f"model {model.name!r} asks replicas.num_gpus={r.num_gpus:g} but "
                           f"kubernetes.gpu_workers is null: describe the GPU pods there, or "
                           f"set num_gpus to 0")
+    if replica.ask.cores:
+        raise RenderError(f"model {model.name!r} asks for GPUs and numa<N> cores "
+                          f"(replicas.resources={dict(r.resources)}), but GPU pods advertise "
+                          f"no numa<N> (GPU replicas pin to their GPU's cores): drop the numa "
+                          f"resources")
     if not fits(replica.ask, gpus):
         raise RenderError(_too_big(replica, [gpus], "replicas"))
     return replica

@@ -110,7 +110,8 @@ def test_rays_autoscaler_sees_each_groups_cpus_gpus_numa_cores_labels_and_bounds
     assert cpu["labels"]["raybatch.io/cores"] == "4"
     assert (cpu["min_workers"], cpu["max_workers"]) == (1, 2)
     assert {k: v for k, v in gpus["resources"].items() if k != "memory"} == {"CPU": 8, "GPU": 1}
-    assert (gpus["min_workers"], gpus["max_workers"]) == (2, 6)  # mlp 1..4 + minilm 1..2
+    # mlp 1..4 + minilm 1..2 replicas, half a GPU each: two to a pod
+    assert (gpus["min_workers"], gpus["max_workers"]) == (1, 3)
 
 
 def test_the_head_says_which_numa_cores_the_autoscaler_can_add_only_for_pinned_models(gpu, demo):

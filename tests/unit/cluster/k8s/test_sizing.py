@@ -88,10 +88,20 @@ def test_what_a_replica_asks_for_follows_the_pool():
      r"replicas\.resources names \['fpga'\], which no rendered worker group advertises"),
     ([{**model(), "batcher": {"num_cpus": 6}}], {},
      r"model 'square' batching actor asks 6 CPUs \(batcher\.num_cpus\)"),
+    ([model(num_cpus=1, num_gpus=1, resources={"numa0": 1})], {},
+     r"model 'square' asks for GPUs and numa<N> cores .* GPU pods advertise no numa<N>"),
 ])
 def test_a_config_that_cannot_deploy_is_a_clear_error(models, kubernetes, message):
     config = make_config(*models, kubernetes=kubernetes)
     with pytest.raises(RenderError, match=message):
+        plan_groups(config, config.kubernetes)
+
+
+def test_the_ingress_must_fit_the_first_cpu_group():
+    config = make_config(model(num_cpus=1), ingress={"num_cpus": 3},
+                         kubernetes={"cpu_workers": [{"cpus": 2}, {"name": "big", "cpus": 8}]})
+    with pytest.raises(RenderError, match=r"the ingress asks 3 CPUs \(ingress\.num_cpus\), more "
+                                          r"than any worker pod has \(cpu: 2 CPUs"):
         plan_groups(config, config.kubernetes)
 
 
