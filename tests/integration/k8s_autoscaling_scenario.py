@@ -150,6 +150,23 @@ async def load_until(handle: Any, done: Any, timeout_s: float) -> int:
     return answered
 
 
+async def under_load(handle: Any, fn: Any) -> Any:
+    """`fn()` in a thread while ~16 requests stay in flight (so the pool keeps its replicas)."""
+    stop = asyncio.Event()
+
+    async def keep() -> None:
+        while not stop.is_set():
+            await asyncio.gather(*[handle.infer.remote(
+                "sleep", {"INPUT0": np.array([1.0], np.float32)}) for _ in range(16)])
+
+    task = asyncio.create_task(keep())
+    try:
+        return await asyncio.to_thread(fn)
+    finally:
+        stop.set()
+        await task
+
+
 def wait_for(check: Any, timeout_s: float, what: str) -> Any:
     give_up = time.monotonic() + timeout_s
     while not (value := check()):
@@ -214,10 +231,15 @@ def scenario(cluster: Any, cfg: Any, scaling: dict[str, Any]) -> dict[str, Any]:
         info = (await handle.status.remote())["sleep"]["replica_info"]
         return sum(r["state"] == "ALIVE" for r in info) == 2
 
-    answered = asyncio.run(load_until(handle, second_replica_serving, 150))
+    async def scale_up() -> tuple[int, list[dict[str, Any]]]:
+        answered = await load_until(handle, second_replica_serving, 150)
+        # Read the status while the load lasts: idle, the pool removes a replica in 1 s.
+        return answered, await under_load(
+            handle, lambda: status_json(cluster.address)["replica_info"])
+
+    answered, replicas = asyncio.run(scale_up())
     added = sorted(set(alive_nodes()) - head)
     event("scaled up", answered=answered, added_nodes=len(added))
-    replicas = status_json(cluster.address)["replica_info"]
     new_node = alive_nodes()[added[0]] if added else {}
 
     def node_removed() -> bool:
