@@ -41,6 +41,9 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
         out[k] = merged
     for k in _DURATIONS:
         out[k] = {f: sum(s.get(k, _NONE)[f] for s in shards) for f in ("count", "s")}
+    hists = [s["queue_hist"] for s in shards if "queue_hist" in s]
+    if hists:
+        out["queue_hist"] = [sum(col) for col in zip(*hists)]
     out["mean_batch_size"] = round(out["items"] / out["batches"], 3) if out["batches"] else 0.0
     out["last_inference_ms"] = max(s.get("last_inference_ms", 0) for s in shards)
     out["latency_model"] = [s.get("latency_model") for s in shards]
