@@ -143,7 +143,10 @@ class BatcherActor:
         await self._ensure_started()
         assert self.host is not None and self.pool is not None
         info = [{**r, "shard": self.shard} for r in await self.pool.info()]
-        return {**self.host.stats(), "kind": self.kind, "replica_info": info}
+        policy = self.config.batching
+        limit = getattr(policy, "max_batch_size", None) or policy.max_active
+        return {**self.host.stats(), "kind": self.kind, "replica_info": info,
+                "batch_limit": limit}
 
 
 def shard_config(config: ModelConfig) -> ModelConfig:

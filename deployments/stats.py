@@ -30,6 +30,7 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
     if len(shards) == 1:
         return shards[0]
     out: dict[str, Any] = {k: sum(s.get(k, 0) for s in shards) for k in _SUMMED}
+    out["batch_limit"] = shards[0].get("batch_limit")  # per batch: the same in every shard
     for k, v in shards[0].items():  # counters of the other engines (live_sequences, steps...)
         if k not in out and isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = sum(s.get(k, 0) for s in shards)

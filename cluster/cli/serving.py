@@ -171,9 +171,20 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
     p.add_argument("--app", default="raybatch", help="application name")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
+                        "queue wait, replicas (Ctrl-C stops)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes of --watch (default: 2)")
+    p.add_argument("--count", type=int, default=0, metavar="N",
+                   help="stop --watch after N frames (default: 0, never)")
 
 
 def status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from cluster.cli.watch import run
+
+        return run(args)
     import ray
     from ray import serve
 

@@ -96,3 +96,17 @@ def test_every_layer_s_series_reach_ray_s_metrics_endpoint(app, metrics_url):
     assert any(n == "ray_raybatch_requests_total" and lab.get("outcome") == "queue_full"
                and lab["model"] == "tinylm" for n, lab, _ in samples)
     assert total(samples, "ray_raybatch_queued_requests", model="gated", priority="1") == 0
+
+
+def test_status_watch_refreshes_a_row_per_model_of_the_running_app(app):
+    from tests.integration.test_cli import raybatch
+
+    proc = raybatch("status", "--watch", "--count", "2", "--interval", "0.5",
+                    "--address", app.gcs_address, "--app", app.name)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("square ")]
+    assert len(rows) == 2, proc.stdout
+    assert rows[0][2] == "-" and float(rows[1][2]) >= 0  # req/s once there are two looks
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("MODEL"))
+    assert "WAIT p99" in header and "BATCH FILL" in header
+    assert sum(line.startswith("tinylm ") for line in proc.stdout.splitlines()) == 2
