@@ -5,6 +5,7 @@
     demo.py       the embedded batcher alone under load, no Ray
     topology.py   NUMA nodes, cores, GPUs and the affinity plan of this machine
     watch.py      status --watch: a live view per model (rates, queue, fill, waits)
+    dashboard.py  dashboard render / publish: the Grafana dashboard of the config
 """
 
 from cluster.cli.main import build_parser, main
