@@ -88,9 +88,16 @@ class FakeMetric:
 
 @pytest.fixture
 def fake(monkeypatch):
-    registry = {s.name: FakeMetric(s.name) for s in SERIES}
+    """Every series as fake metric objects; a sampled histogram's gauges under their names."""
+    gauges: dict[str, FakeMetric] = {}
+
+    def gauge(name, help_, tag_keys):
+        return gauges.setdefault(name, FakeMetric(name))
+
+    registry = {s.name: dm.SampledHistogram(s, gauge) if s.sampled else FakeMetric(s.name)
+                for s in SERIES}
     monkeypatch.setattr(dm, "_REGISTRY", registry)
-    return registry
+    return {**registry, **gauges}
 
 
 def model(kind: str = "dynamic", shards: int = 1, **batching) -> ModelConfig:
@@ -116,18 +123,26 @@ def test_known_counter_label_sets_start_at_zero(fake):
     assert fake["raybatch_generation_tokens_total"].calls
 
 
-def test_a_batch_observes_size_cost_and_one_wait_per_request_with_its_level(fake):
+def test_a_batch_observes_size_cost_and_counts_each_request_s_wait_at_its_level(fake):
     m = BatcherMetrics(model(priority_levels=2))
     m.batch_sent(BatchSent(5, 7.5, "preferred", (0.001, 0.004), (1, 2)))
+    m.batch_sent(BatchSent(1, 1.0, "delay", (40.0,), (1,)))
     m.batch_done(BatchDone(5, 0.02, 0.015))
     tags = {"model": "m", "version": "3"}
     assert fake["raybatch_batches_total"].total(reason="preferred") == 1
-    assert fake["raybatch_batch_size_items"].calls == [("observe", 5, tags)]
-    assert fake["raybatch_batch_cost"].calls == [("observe", 7.5, tags)]
-    assert fake["raybatch_queue_wait_seconds"].calls == [
-        ("observe", 0.001, {**tags, "priority": "1"}),
-        ("observe", 0.004, {**tags, "priority": "2"})]
+    assert fake["raybatch_batch_size_items"].calls[0] == ("observe", 5, tags)
+    assert fake["raybatch_batch_cost"].calls[0] == ("observe", 7.5, tags)
     assert fake["raybatch_batch_latency_seconds"].calls == [("observe", 0.02, tags)]
+    assert fake["raybatch_queue_wait_seconds_bucket"].calls == []  # nothing until sampled
+    m.publish(snapshot())
+    buckets = {(t["priority"], t["le"]): v
+               for _, v, t in fake["raybatch_queue_wait_seconds_bucket"].calls}
+    assert buckets[("1", "0.0005")] == 0 and buckets[("1", "0.001")] == 1  # le: at or below
+    assert buckets[("1", "30.0")] == 1 and buckets[("1", "+Inf")] == 2  # cumulative
+    assert buckets[("2", "0.0025")] == 0 and buckets[("2", "0.005")] == 1
+    count = {t["priority"]: v for _, v, t in fake["raybatch_queue_wait_seconds_count"].calls}
+    total = {t["priority"]: v for _, v, t in fake["raybatch_queue_wait_seconds_sum"].calls}
+    assert count == {"1": 2, "2": 1} and total == pytest.approx({"1": 40.001, "2": 0.004})
 
 
 def test_generation_steps_observe_each_first_text_and_one_gap(fake):
