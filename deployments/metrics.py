@@ -12,13 +12,14 @@ time), and the callers (`CallerMetrics`: requests refused before a batching acto
 saw them, or lost with it). Ray exports each on its node's metrics port as
 `ray_<name>`, with its own `SessionName`, `NodeAddress`, `WorkerId`... labels.
 
-Cost: no Ray call per request. A Ray `Histogram.observe` costs ~2.5 us, so the one
-per-request histogram, the queue wait, is kept `sampled`: bucket counts in the
-actor (a bisect per request, handed over per batch), exported every
-`metrics.interval_s` as the series of a Prometheus histogram (`_bucket{le}`,
-`_sum`, `_count`, cumulative) through Ray gauges. Per-batch and per-step
-histograms are Ray histograms; counts of outcomes are sampled from the host and
-sent as increments. Counters of known label sets start at 0, so a rate or an
+Cost: no Ray call per request or per batch in the batching actor. A Ray metric call
+costs 2-3 us (a `Histogram.observe`, a `Counter.inc`), more than the actor spends
+on a request in a big batch. So the actor only counts, in plain Python (a bisect
+per value), and every `metrics.interval_s` sends the increments of its counters
+and its `sampled` histograms: bucket counts exported as the series of a Prometheus
+histogram (`_bucket{le}`, `_sum`, `_count`, cumulative) through Ray gauges, which
+PromQL reads like any histogram. The replicas observe their compute time per batch
+into a Ray histogram. Counters of known label sets start at 0, so a rate or an
 alert sees 0, not nothing. Ray is imported on first use: the table loads without it.
 """
 
@@ -88,15 +89,16 @@ SERIES: tuple[Series, ...] = (
        "actor to the batch (or generation step) it starts in.", "seconds", ("priority",),
        LATENCY_BUCKETS_S, sampled=True),
     _s("raybatch_batch_size_items", "histogram", "Items per batch; sequences per generation "
-       "step.", "items", (), SIZE_BUCKETS),
+       "step.", "items", (), SIZE_BUCKETS, sampled=True),
     _s("raybatch_batch_cost", "histogram", "Cost per batch under the policy's cost function "
-       "(items when it has none); tokens per generation step.", "cost", (), COST_BUCKETS),
+       "(items when it has none); tokens per generation step.", "cost", (), COST_BUCKETS,
+       sampled=True),
     _s("raybatch_batches_total", "counter", "Batches sent, by why they left the queue (full, "
        "preferred, delay, deadline, drain, ...; step for a generation step).", "batches",
        ("reason",)),
     _s("raybatch_batch_latency_seconds", "histogram", "From forming a batch to its answer, "
        "seen by the batching actor: transport and replica queue included.", "seconds", (),
-       LATENCY_BUCKETS_S),
+       LATENCY_BUCKETS_S, sampled=True),
     _s("raybatch_batch_compute_seconds", "histogram", "Time a replica spent on one batch or "
        "step, pre- and post-processing included, measured in the replica.", "seconds", (),
        LATENCY_BUCKETS_S, "replica"),
@@ -124,10 +126,10 @@ SERIES: tuple[Series, ...] = (
     _s("raybatch_generation_tokens_total", "counter", "Tokens generated, all sequences "
        "together.", "tokens"),
     _s("raybatch_generation_ttft_seconds", "histogram", "From a generation's arrival to its "
-       "first text.", "seconds", (), LATENCY_BUCKETS_S),
+       "first text.", "seconds", (), LATENCY_BUCKETS_S, sampled=True),
     _s("raybatch_generation_inter_token_seconds", "histogram", "Between two steps of a "
        "replica: the gap every sequence in both saw between its tokens (one observation per "
-       "step).", "seconds", (), LATENCY_BUCKETS_S),
+       "step).", "seconds", (), LATENCY_BUCKETS_S, sampled=True),
     _s("raybatch_generation_cancelled_total", "counter", "Generations cancelled by their "
        "caller (or because it went away).", "generations"),
     Series("raybatch_http_requests_total", "counter", "HTTP responses of the ingress, by "
@@ -159,11 +161,16 @@ def metric(name: str) -> Any:
 class Buckets:
     """Values counted per bucket of `bounds` (the last: above them all), and their sum."""
 
-    __slots__ = ("counts", "sum")
+    __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
 
 
 class SampledHistogram:
@@ -245,8 +252,13 @@ class ReplicaMetrics:
 
 
 class BatcherMetrics:
-    """The batching actor's: the engine's `Recorder` (per batch and step) and the sampler
-    of its host's `HostSnapshot` and its pool's `PoolSnapshot` (`publish`)."""
+    """The batching actor's: the engine's `Recorder` and the sampler of its host.
+
+    Per batch and step it only counts, in this process (a bisect per value, no Ray
+    call); `publish`, every `metrics.interval_s`, sends it all to Ray: the sampled
+    histograms, the increments of every count since the last call, the gauges of the
+    host's `HostSnapshot` and the pool's `PoolSnapshot`.
+    """
 
     def __init__(self, config: ModelConfig, shard: int = 0) -> None:
         self.kind = config.batching.kind
@@ -257,22 +269,21 @@ class BatcherMetrics:
         self._reason_tags: dict[str, dict[str, str]] = {}
         self._outcome_tags = {o: {**tags, "outcome": o} for o in OUTCOMES}
         self._last: dict[str, dict[Any, int]] = {}
-        self._inflight_seen: set[str] = set()
-        m = metric
-        self._batches, self._size = m("raybatch_batches_total"), m("raybatch_batch_size_items")
-        self._cost = m("raybatch_batch_cost")
         self._wait_bounds = BY_NAME["raybatch_queue_wait_seconds"].buckets
         self._waits = {lvl: Buckets(self._wait_bounds) for lvl in levels}
-        self._latency = m("raybatch_batch_latency_seconds")
-        self._requests = m("raybatch_requests_total")
+        self._hists = {name: Buckets(BY_NAME[name].buckets) for name in (
+            "raybatch_batch_size_items", "raybatch_batch_cost", "raybatch_batch_latency_seconds",
+            "raybatch_generation_ttft_seconds", "raybatch_generation_inter_token_seconds")}
+        self._reasons: dict[str, int] = {}  # batches sent, by flush reason
+        self._refused: dict[str, int] = {}  # requests refused at submit, by outcome
         self._start_counters()
 
     def _start_counters(self) -> None:
         reasons = [STEP] if self.kind == "iterative" else [r.value for r in FlushReason]
         for reason in reasons:
-            zero(self._batches, self._reason(reason))
+            zero(metric("raybatch_batches_total"), self._reason(reason))
         for tags in self._outcome_tags.values():
-            zero(self._requests, tags)
+            zero(metric("raybatch_requests_total"), tags)
         for name in self._counter_names():
             zero(metric(name), self._tags)
 
@@ -291,12 +302,12 @@ class BatcherMetrics:
             tags = self._reason_tags[reason] = {**self._tags, "reason": reason}
         return tags
 
-    # -- the engine's Recorder: once per batch or step -------------------------------------
+    # -- the engine's Recorder: once per batch or step, counting only ----------------------
     def batch_sent(self, batch: BatchSent) -> None:
-        tags = self._tags
-        self._batches.inc(1, self._reason(batch.reason))
-        self._size.observe(batch.num_items, tags)
-        self._cost.observe(batch.cost, tags)
+        reasons, h = self._reasons, self._hists
+        reasons[batch.reason] = reasons.get(batch.reason, 0) + 1
+        h["raybatch_batch_size_items"].observe(batch.num_items)
+        h["raybatch_batch_cost"].observe(batch.cost)
         waits, bounds = self._waits, self._wait_bounds
         for seconds, level in zip(batch.queue_waits_s, batch.levels):
             b = waits[level]
@@ -304,31 +315,39 @@ class BatcherMetrics:
             b.sum += seconds
 
     def batch_done(self, batch: BatchDone) -> None:
-        self._latency.observe(batch.latency_s, self._tags)
+        self._hists["raybatch_batch_latency_seconds"].observe(batch.latency_s)
 
     def step_done(self, step: StepDone) -> None:
-        tags = self._tags
-        ttft = metric("raybatch_generation_ttft_seconds")
+        ttft = self._hists["raybatch_generation_ttft_seconds"]
         for seconds in step.first_text_s:
-            ttft.observe(seconds, tags)
+            ttft.observe(seconds)
         if step.inter_token_s is not None:
-            metric("raybatch_generation_inter_token_seconds").observe(step.inter_token_s, tags)
+            self._hists["raybatch_generation_inter_token_seconds"].observe(step.inter_token_s)
 
-    # -- sampled every metrics.interval_s ---------------------------------------------------
     def refused(self, outcomes: Iterable[str]) -> None:
         """Requests the actor refused at submit (never opened on the host)."""
-        counts: dict[str, int] = {}
+        refused = self._refused
         for o in outcomes:
-            counts[o] = counts.get(o, 0) + 1
-        for o, n in counts.items():
-            self._requests.inc(n, self._outcome_tags[o])
+            refused[o] = refused.get(o, 0) + 1
 
+    # -- every metrics.interval_s: all of it to Ray ----------------------------------------
     def publish(self, snap: HostSnapshot, pool: PoolSnapshot | None = None) -> None:
-        """Set the gauges and add the counts' increments since the last call."""
-        self._publish_queue(snap)
-        add_increments(self._requests, snap.outcomes, self._last.setdefault("outcomes", {}),
-                       self._outcome_tags.__getitem__)
+        """Send the sampled histograms, the increments of every count since the last
+        call, and the gauges."""
         tags = self._tags
+        for name, buckets in self._hists.items():
+            if self.kind == "iterative" or "generation" not in name:
+                metric(name).publish(buckets, tags)
+        wait = metric("raybatch_queue_wait_seconds")
+        for level, buckets in self._waits.items():
+            wait.publish(buckets, self._level_tags[level])
+        outcomes = dict(snap.outcomes)
+        for o, n in self._refused.items():
+            outcomes[o] = outcomes.get(o, 0) + n
+        add_increments(metric("raybatch_requests_total"), outcomes,
+                       self._last.setdefault("outcomes", {}), self._outcome_tags.__getitem__)
+        add_increments(metric("raybatch_batches_total"), self._reasons,
+                       self._last.setdefault("reasons", {}), self._reason)
         counts = {"raybatch_replica_deaths_total": snap.replica_deaths,
                   "raybatch_retried_batches_total": snap.retried_batches,
                   "raybatch_sequences_lost_total": snap.sequences_lost,
@@ -341,35 +360,30 @@ class BatcherMetrics:
             if grown > 0:
                 metric(name).inc(grown, tags)
                 last[name] = value
+        self._publish_gauges(snap, pool)
+
+    def _publish_gauges(self, snap: HostSnapshot, pool: PoolSnapshot | None) -> None:
+        tags = self._tags
         if snap.live_sequences is not None:
             metric("raybatch_sequences_live").set(snap.live_sequences, tags)
         if snap.active_sequences is not None:
             metric("raybatch_generation_active_sequences").set(snap.active_sequences, tags)
-        if pool is not None:
-            self._publish_pool(pool)
-
-    def _publish_queue(self, snap: HostSnapshot) -> None:
         requests, items = metric("raybatch_queued_requests"), metric("raybatch_queued_items")
         for depth in snap.queued:
-            tags = self._level_tags.get(depth.level)
-            if tags is not None:
-                requests.set(depth.requests, tags)
-                items.set(depth.items, tags)
-        wait = metric("raybatch_queue_wait_seconds")
-        for level, buckets in self._waits.items():
-            wait.publish(buckets, self._level_tags[level])
+            level_tags = self._level_tags.get(depth.level)
+            if level_tags is not None:
+                requests.set(depth.requests, level_tags)
+                items.set(depth.items, level_tags)
         inflight = metric("raybatch_inflight_batches")
         for name, n in snap.inflight:
-            inflight.set(n, {**self._tags, "replica": self._replica_prefix + name})
-
-    def _publish_pool(self, pool: PoolSnapshot) -> None:
-        tags = self._tags
-        metric("raybatch_replicas_desired").set(pool.desired, tags)
-        metric("raybatch_replicas_running").set(pool.running, tags)
-        metric("raybatch_replicas_pending").set(pool.pending, tags)
-        demand = metric("raybatch_replicas_pending_demand")
-        for resource, amount in pool.demand.items():
-            demand.set(pool.pending * amount, {**tags, "resource": resource})
+            inflight.set(n, {**tags, "replica": self._replica_prefix + name})
+        if pool is not None:
+            metric("raybatch_replicas_desired").set(pool.desired, tags)
+            metric("raybatch_replicas_running").set(pool.running, tags)
+            metric("raybatch_replicas_pending").set(pool.pending, tags)
+            demand = metric("raybatch_replicas_pending_demand")
+            for resource, amount in pool.demand.items():
+                demand.set(pool.pending * amount, {**tags, "resource": resource})
 
 
 class HttpCounts:

@@ -123,18 +123,31 @@ def test_known_counter_label_sets_start_at_zero(fake):
     assert fake["raybatch_generation_tokens_total"].calls
 
 
-def test_a_batch_observes_size_cost_and_counts_each_request_s_wait_at_its_level(fake):
+def cumulative(fake, name: str, **labels) -> dict[str, float]:
+    """le -> the last value set for a sampled histogram's `_bucket` gauge."""
+    return {t["le"]: v for _, v, t in fake[name + "_bucket"].calls
+            if labels.items() <= t.items()}
+
+
+def test_batches_are_counted_here_and_reach_ray_only_when_sampled(fake):
     m = BatcherMetrics(model(priority_levels=2))
+    before = {name: len(f.calls) for name, f in fake.items() if hasattr(f, "calls")}
     m.batch_sent(BatchSent(5, 7.5, "preferred", (0.001, 0.004), (1, 2)))
     m.batch_sent(BatchSent(1, 1.0, "delay", (40.0,), (1,)))
     m.batch_done(BatchDone(5, 0.02, 0.015))
-    tags = {"model": "m", "version": "3"}
-    assert fake["raybatch_batches_total"].total(reason="preferred") == 1
-    assert fake["raybatch_batch_size_items"].calls[0] == ("observe", 5, tags)
-    assert fake["raybatch_batch_cost"].calls[0] == ("observe", 7.5, tags)
-    assert fake["raybatch_batch_latency_seconds"].calls == [("observe", 0.02, tags)]
-    assert fake["raybatch_queue_wait_seconds_bucket"].calls == []  # nothing until sampled
+    m.refused(["queue_full"])
+    after = {name: len(f.calls) for name, f in fake.items() if hasattr(f, "calls")}
+    assert after == before  # no Ray call per batch
     m.publish(snapshot())
+    assert fake["raybatch_batches_total"].total(reason="preferred") == 1
+    assert fake["raybatch_batches_total"].total(reason="delay") == 1
+    assert fake["raybatch_requests_total"].total(outcome="queue_full") == 1
+    sizes = cumulative(fake, "raybatch_batch_size_items")
+    assert (sizes["1.0"], sizes["4.0"], sizes["8.0"], sizes["+Inf"]) == (1, 1, 2, 2)
+    assert cumulative(fake, "raybatch_batch_cost")["8.0"] == 2
+    latency = cumulative(fake, "raybatch_batch_latency_seconds")
+    assert (latency["0.01"], latency["0.025"]) == (0, 1)
+    assert fake["raybatch_generation_ttft_seconds_count"].calls == []  # not generative
     buckets = {(t["priority"], t["le"]): v
                for _, v, t in fake["raybatch_queue_wait_seconds_bucket"].calls}
     assert buckets[("1", "0.0005")] == 0 and buckets[("1", "0.001")] == 1  # le: at or below
@@ -149,8 +162,11 @@ def test_generation_steps_observe_each_first_text_and_one_gap(fake):
     m = BatcherMetrics(model("iterative"))
     m.step_done(StepDone(3, (0.1, 0.2), 0.01))
     m.step_done(StepDone(1, (), None))
-    assert [v for _, v, _ in fake["raybatch_generation_ttft_seconds"].calls] == [0.1, 0.2]
-    assert [v for _, v, _ in fake["raybatch_generation_inter_token_seconds"].calls] == [0.01]
+    m.publish(snapshot(queued=(LevelDepth(1, 0, 0),)))
+    ttft = fake["raybatch_generation_ttft_seconds_sum"].calls
+    assert [v for _, v, _ in fake["raybatch_generation_ttft_seconds_count"].calls] == [2]
+    assert ttft[-1][1] == pytest.approx(0.3)
+    assert [v for _, v, _ in fake["raybatch_generation_inter_token_seconds_count"].calls] == [1]
 
 
 def snapshot(**kw) -> HostSnapshot:
@@ -196,12 +212,15 @@ def test_sequence_and_generation_gauges_and_counts(fake):
     assert fake["raybatch_generation_active_sequences"].calls[-1][1] == 2
 
 
-def test_refusals_at_submit_are_counted_once_per_bundle_and_outcome(fake):
+def test_refusals_at_submit_join_the_host_s_outcomes_as_increments(fake):
     m = BatcherMetrics(model())
     m.refused(["queue_full", "queue_full", "invalid"])
+    m.publish(snapshot(outcomes={"ok": 3, "invalid": 1}))
+    m.refused(["invalid"])
+    m.publish(snapshot(outcomes={"ok": 3, "invalid": 1}))
     incs = [(v, t["outcome"]) for k, v, t in fake["raybatch_requests_total"].calls
             if k == "inc"]
-    assert incs == [(2, "queue_full"), (1, "invalid")]
+    assert incs == [(3, "ok"), (2, "invalid"), (2, "queue_full"), (1, "invalid")]
 
 
 def test_callers_and_replicas_record_their_own_part(fake):
