@@ -5,3 +5,7 @@
     dashboard.py  render_dashboard(config): the dashboard as a dict (a plain function)
     publish.py    publish(dashboard, url, ...): grafana-client, errors as one line each
 """
+
+from cluster.grafana.dashboard import dashboard_json, render_dashboard
+
+__all__ = ["dashboard_json", "render_dashboard"]
