@@ -35,7 +35,7 @@ from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
 from deployments.generation import StreamHub
 from deployments.hosts import Host, make_host, model_kind, submit_bundle_item
-from deployments.metrics import BatcherMetrics
+from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -77,19 +77,13 @@ class BatcherActor:
         if self.kind == "iterative":
             self.hub = StreamHub(self.host, lambda: next(self._ids))
         if self.metrics is not None:
-            self._publisher = asyncio.ensure_future(self._publish(self.metrics))
+            metrics = self.metrics  # sampled on the metrics clock: gauges, counts, histograms
+            self._publisher = asyncio.ensure_future(every(
+                self.metrics_config.interval_s,
+                lambda: metrics.publish(self.host.snapshot(), self.pool.snapshot())))
         await self.pool.start()
         log.info("batcher for %s (%s) ready with %d replicas", self.config.name, self.kind,
                  len(self.host.replicas))
-
-    async def _publish(self, metrics: BatcherMetrics) -> None:
-        """Sample the host's and the pool's gauges and counts, on the metrics clock."""
-        while True:
-            await asyncio.sleep(self.metrics_config.interval_s)
-            try:
-                metrics.publish(self.host.snapshot(), self.pool.snapshot())
-            except Exception:  # a sampler must not die: the next round tries again
-                log.exception("publishing metrics of %s failed", self.config.name)
 
     async def ready(self) -> bool:
         await self._ensure_started()

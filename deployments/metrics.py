@@ -25,9 +25,10 @@ alert sees 0, not nothing. Ray is imported on first use: the table loads without
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -386,13 +387,25 @@ class BatcherMetrics:
                 demand.set(pool.pending * amount, {**tags, "resource": resource})
 
 
+async def every(interval_s: float, flush: Callable[[], None],
+                sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
+    """Call `flush` every `interval_s` until cancelled; a flush that raises is logged
+    and the next one tries again (a metrics loop must not die)."""
+    while True:
+        await sleep(interval_s)
+        try:
+            flush()
+        except Exception:
+            log.exception("exporting metrics failed")
+
+
 class HttpCounts:
     """Exports an ingress's cumulative response counts per (route template, status),
     kept in a plain dict by the HTTP front, as increments: call `flush()` on a timer
     (not per request). Keys may be added while it runs; counts must only grow.
 
     >>> counts = {("POST /v2/models/{model}/infer", 200): 0}
-    >>> # flusher = HttpCounts(counts); ...; counts[key] += 1; ...; flusher.flush()
+    >>> # flusher = HttpCounts(counts); task = create_task(every(1.0, flusher.flush))
     """
 
     def __init__(self, counts: Mapping[tuple[str, int | str], int]) -> None:

@@ -243,3 +243,23 @@ def test_http_counts_are_exported_as_increments_per_flush(fake):
         ("inc", 5, {"route": "POST /v2/models/{model}/infer", "status": "200"}),
         ("inc", 2, {"route": "POST /v2/models/{model}/infer", "status": "200"}),
         ("inc", 1, {"route": "GET /v2/health/ready", "status": "503"})]
+
+
+def test_the_export_loop_flushes_on_its_clock_and_survives_a_failing_flush():
+    import asyncio
+
+    flushed, naps = [], []
+
+    def flush():
+        flushed.append(len(naps))
+        if len(flushed) == 1:
+            raise RuntimeError("Ray hiccup")
+
+    async def sleep(s):
+        naps.append(s)
+        if len(naps) > 3:
+            raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(dm.every(0.5, flush, sleep=sleep))
+    assert naps == [0.5] * 4 and flushed == [1, 2, 3]
