@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup sysdeps serve test lint bench clean
+.PHONY: setup sysdeps serve test lint bench clean k8s
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
 # Grafana dashboard's queries in tests/integration/test_prometheus.py. Installed when
@@ -42,6 +42,12 @@ lint: $(STAMP)
 
 test: sysdeps lint
 	$(BIN)/python -m pytest -q
+
+# The manifests checked in under k8s/, rendered from the configs they name (a test fails
+# when they drift from what the renderer makes of those configs now).
+k8s: $(STAMP)
+	$(BIN)/raybatch render k8s --config deployments/configs/demo.yaml -o k8s/demo
+	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed
