@@ -30,7 +30,6 @@ class ModelReplica:
     def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
         self.config = ModelConfig.model_validate_json(model_json)
         self.index = index
-        self._metrics = ReplicaMetrics(self.config) if record_metrics else None
         gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
         # Pinned before the model (and torch) load, so its threads start on their cores.
         self.placement = pin_replica(self.config.replicas, gpu_ids,
@@ -41,6 +40,8 @@ class ModelReplica:
         self.model.setup(self.device)
         self._gpu_ids = [str(g) for g in gpu_ids]
         self._node_id = ray.get_runtime_context().get_node_id()
+        # After pinning: whatever threads Ray's metrics start run on this replica's cores.
+        self._metrics = ReplicaMetrics(self.config) if record_metrics else None
 
     def run(self, items: Any) -> tuple[Any, float]:
         """One batch: preprocess → transform → postprocess; returns (results, compute_s)."""

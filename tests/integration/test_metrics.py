@@ -55,7 +55,7 @@ def send_traffic(app) -> None:
         h.infer.remote("square", {"WRONG": x}).result(timeout_s=30)
     one = np.array([[3]], dtype=np.int32)
     h.infer.remote("accumulator", {"INPUT0": one},
-                   {"sequence_id": "metrics-live", "sequence_start": True}).result(timeout_s=30)
+                   {"sequence_id": "metrics-idle", "sequence_start": True}).result(timeout_s=30)
     final = h.generate.remote("tinylm", "Once upon", {"max_tokens": 8}).result(timeout_s=60)
     assert final["num_tokens"] >= 2
 
@@ -74,9 +74,11 @@ def test_every_layer_s_series_reach_ray_s_metrics_endpoint(app, metrics_url):
     ]:
         wait_until(grew(metrics_url, name, by, before, **labels), timeout_s=60, every_s=0.5,
                    what=f"{name}{labels} to grow by {by}")
-    samples = wait_until(lambda: (lambda s: s if total(
-        s, "ray_raybatch_sequences_live", model="accumulator") >= 1 else None)(
-        scrape(metrics_url)), timeout_s=30, every_s=0.5, what="a live sequence")
+    # the sequence started above and never ended: freed after max_sequence_idle_s (5 s)
+    name, labels = "ray_raybatch_sequences_idle_expired_total", {"model": "accumulator"}
+    wait_until(grew(metrics_url, name, 1, before, **labels), timeout_s=60, every_s=0.5,
+               what=f"{name}{labels} to grow by 1")
+    samples = scrape(metrics_url)
 
     names = {n for n, _, _ in samples}
     for s in SERIES:
