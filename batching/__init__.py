@@ -8,7 +8,9 @@ The shared core (this folder)
     errors.py     the error hierarchy (QueueFull, DeadlineExceeded, ...) and its HTTP codes
     ledger.py     RequestId -> outcome: results matched by id, split requests joined, order kept
     latency.py    the batch-latency model learned online (a + b·cost)
-    stats.py      per-batch statistics a host reports
+    stats.py      per-batch statistics a host reports (and queue waits as bucket counts)
+    metrics.py    the values a host hands the metrics Recorder it is given (per batch and
+                  step, never per request; no metric names), NullRecorder, MemoryRecorder
     sizes.py      preferred batch sizes, the rule the dynamic and sequence policies share
     model.py      VectorTransformer, the interface of a batched model, and how a batch runs
     loop.py       LoopHost, the asyncio shell every host shares (one pump per tick, one timer)
@@ -49,6 +51,7 @@ from batching.iterative.policy import IterativePolicy
 from batching.iterative.scheduler import GenerateRequest, IterativeScheduler
 from batching.latency import LatencyModel
 from batching.ledger import ItemFailed, Ledger, Outcome
+from batching.metrics import MemoryRecorder, NullRecorder, Recorder
 from batching.model import VectorTransformer
 from batching.sequence.batcher import SequenceBatcher, SequenceRequest
 from batching.sequence.policy import SequencePolicy, SequenceStrategy
@@ -75,12 +78,15 @@ __all__ = [
     "IterativeScheduler",
     "LatencyModel",
     "Ledger",
+    "MemoryRecorder",
     "ModelError",
+    "NullRecorder",
     "Outcome",
     "Part",
     "QueueFull",
     "QueuePolicy",
     "RaybatchError",
+    "Recorder",
     "Request",
     "RequestId",
     "SequenceBatcher",

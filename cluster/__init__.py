@@ -7,6 +7,7 @@
     raynode.py    numa<N> resources and labels of a Ray node; `ray start` arguments
     render.py     what Ray deploys, derived from the config: the Serve config file
     k8s/          Kubernetes manifests (KubeRay RayService, PodMonitors) from the config
+    grafana/      the Grafana dashboard derived from the config, and publishing it
     cli/          the `raybatch` command line, on top of everything (it may import
                   `deployments`; nothing else in `cluster` does)
 

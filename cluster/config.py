@@ -209,12 +209,24 @@ class IngressConfig(BaseModel):
     """Deadline of a request that names none; None: no deadline."""
 
 
+class MetricsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Record the raybatch_* series with ray.util.metrics (exported by every Ray node on
+    its metrics port as ray_raybatch_*); false records nothing."""
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+    """How often each batching actor samples its queue depths, replicas and counts. Ray
+    itself exports every metrics_report_interval_ms (10 s by default)."""
+
+
 class RaybatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     app_name: str = "raybatch"
     models: tuple[ModelConfig, ...]
     ingress: IngressConfig = IngressConfig()
+    metrics: MetricsConfig = MetricsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     """Pods, images and autoscaling of `raybatch render k8s` (`cluster.k8s.settings`)."""
 

@@ -14,6 +14,8 @@ The runtime, in the order a request meets it
     replica.py        ModelReplica: one model, one batch at a time, pinned to its cores
     stateful_replica.py  SequenceReplica / StepReplica: per-sequence state on the replica
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
+    metrics.py        every raybatch_* Prometheus series in one table, and what records them
+                      through ray.util.metrics (batching actor, replicas, callers, ingress)
 
 Subpackages
     protocol/         the Open Inference Protocol codec (no HTTP, no Ray)

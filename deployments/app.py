@@ -24,7 +24,8 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         DeploymentActorConfig(
             name=batcher_actor_name(m.name, shard),
             actor_class=BatcherActor,
-            init_kwargs={"model_json": m.model_dump_json(), "shard": shard},
+            init_kwargs={"model_json": m.model_dump_json(), "shard": shard,
+                         "metrics_json": config.metrics.model_dump_json()},
             actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000},
         )
         for m in config.models

@@ -13,6 +13,10 @@ bundle entries then carry each request's sequence controls), and iterative
 batching for generative ones, whose generations stream through the
 multiplexed calls of `deployments.generation` instead of bundles.
 
+Metrics (`deployments.metrics`): the host records per batch into a
+`BatcherMetrics`; a task samples the host's and the pool's gauges and counts
+every `metrics.interval_s`; requests refused at submit are counted per bundle.
+
 Request ids are the actor's own integers, mapped back to the caller's keys,
 so ingress replicas never collide.
 """
@@ -27,9 +31,11 @@ from typing import Any
 import ray
 
 from batching.errors import InvalidRequest, RaybatchError, portable
-from cluster.config import ModelConfig
+from batching.metrics import NULL_RECORDER, outcome_of
+from cluster.config import MetricsConfig, ModelConfig
 from deployments.generation import StreamHub
 from deployments.hosts import Host, make_host, model_kind, submit_bundle_item
+from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -45,10 +51,12 @@ Outcome = tuple[Any, Any, "BaseException | None"]
 # path into the config, and Serve needs a Ray actor class there when it deploys the file.
 @ray.remote
 class BatcherActor:
-    def __init__(self, model_json: str, shard: int = 0) -> None:
+    def __init__(self, model_json: str, shard: int = 0, metrics_json: str | None = None) -> None:
         self.config = shard_config(ModelConfig.model_validate_json(model_json))
         self.kind = model_kind(self.config)
         self.shard = shard
+        self.metrics_config = MetricsConfig.model_validate_json(metrics_json or "{}")
+        self.metrics: BatcherMetrics | None = None
         self._ids = itertools.count()
         self._started: asyncio.Future | None = None
         self.host: Host | None = None
@@ -61,10 +69,18 @@ class BatcherActor:
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
-        self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c))
-        self.pool = ReplicaPool(self.config, self.host)
+        if self.metrics_config.enabled:
+            self.metrics = BatcherMetrics(self.config, self.shard)
+        self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c),
+                              recorder=self.metrics or NULL_RECORDER)
+        self.pool = ReplicaPool(self.config, self.host, record_metrics=self.metrics is not None)
         if self.kind == "iterative":
             self.hub = StreamHub(self.host, lambda: next(self._ids))
+        if self.metrics is not None:
+            metrics = self.metrics  # sampled on the metrics clock: gauges, counts, histograms
+            self._publisher = asyncio.ensure_future(every(
+                self.metrics_config.interval_s,
+                lambda: metrics.publish(self.host.snapshot(), self.pool.snapshot())))
         await self.pool.start()
         log.info("batcher for %s (%s) ready with %d replicas", self.config.name, self.kind,
                  len(self.host.replicas))
@@ -88,6 +104,8 @@ class BatcherActor:
                 keys[submit_bundle_item(self.host, self.kind, next(self._ids), entry)] = entry[0]
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
                 out.append((entry[0], None, e))
+        if out and self.metrics is not None:
+            self.metrics.refused(outcome_of(e) for _, _, e in out)
         if keys:
             await asyncio.wait(keys)
         out += [_outcome(keys[f], f) for f in keys]
@@ -101,7 +119,10 @@ class BatcherActor:
         if self.hub is None:
             error = InvalidRequest(f"model {self.config.name!r} is not generative: use infer")
             return [(key, error) for key, *_ in entries]
-        return self.hub.start(caller, entries)
+        refused = self.hub.start(caller, entries)
+        if refused and self.metrics is not None:
+            self.metrics.refused(outcome_of(e) for _, e in refused)
+        return refused
 
     async def poll_generations(self, caller: str) -> list[tuple]:
         """Every new event of `caller`'s generations, waiting a while for the first."""
@@ -116,7 +137,10 @@ class BatcherActor:
         await self._ensure_started()
         assert self.host is not None and self.pool is not None
         info = [{**r, "shard": self.shard} for r in await self.pool.info()]
-        return {**self.host.stats(), "kind": self.kind, "replica_info": info}
+        policy = self.config.batching
+        limit = getattr(policy, "max_batch_size", None) or policy.max_active
+        return {**self.host.stats(), "kind": self.kind, "replica_info": info,
+                "batch_limit": limit}
 
 
 def shard_config(config: ModelConfig) -> ModelConfig:

@@ -30,9 +30,11 @@ class Coalescer:
     failure, since a recreated actor has a new handle.
     """
 
-    def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64) -> None:
+    def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64,
+                 on_lost: Callable[[int], None] | None = None) -> None:
         self._get_actor = get_actor
         self._bundle_items = bundle_items
+        self._on_lost = on_lost  # told how many requests a failed bundle ended (metrics)
         self._calls: set[asyncio.Task] = set()  # referenced, so none is collected mid-flight
         self._actor: Any = None
         self._keys = itertools.count()
@@ -99,7 +101,11 @@ class Coalescer:
                                           "for this request"))
 
     def _fail(self, bundle: list[tuple], error: BaseException) -> None:
+        failed = 0
         for key, *_ in bundle:
             fut = self._futures.pop(key, None)
             if fut is not None and not fut.done():
                 fut.set_exception(error)
+                failed += 1
+        if failed and self._on_lost is not None:
+            self._on_lost(failed)

@@ -18,6 +18,7 @@ from typing import Any
 from batching.dynamic.host import BatchHost
 from batching.errors import InvalidRequest
 from batching.iterative.host import IterativeHost
+from batching.metrics import NULL_RECORDER, Recorder
 from batching.sequence.batcher import SequenceRequest
 from batching.sequence.host import SequenceHost
 from batching.types import Request
@@ -31,16 +32,20 @@ def model_kind(config: ModelConfig) -> str:
     return config.batching.kind
 
 
-def make_host(config: ModelConfig, on_replica_died: Callable[[Any], None]) -> Host:
+def make_host(config: ModelConfig, on_replica_died: Callable[[Any], None],
+              recorder: Recorder = NULL_RECORDER) -> Host:
     policy = config.batching
     kind = model_kind(config)
     inflight = config.replicas.max_inflight_batches
     if kind == "sequence":
-        return SequenceHost(policy, max_inflight=inflight, on_replica_died=on_replica_died)
+        return SequenceHost(policy, max_inflight=inflight, on_replica_died=on_replica_died,
+                            recorder=recorder)
     if kind == "iterative":
         count = getattr(import_object(config.transformer), "count_tokens", len)
-        return IterativeHost(policy, count_tokens=count, on_replica_died=on_replica_died)
-    return BatchHost(policy, max_inflight=inflight, on_replica_died=on_replica_died)
+        return IterativeHost(policy, count_tokens=count, on_replica_died=on_replica_died,
+                             recorder=recorder)
+    return BatchHost(policy, max_inflight=inflight, on_replica_died=on_replica_died,
+                     recorder=recorder)
 
 
 def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> asyncio.Future:

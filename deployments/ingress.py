@@ -24,6 +24,7 @@ from ray import serve
 
 from batching.errors import RaybatchError, http_status
 from cluster.config import ModelConfig, RaybatchConfig
+from deployments.metrics import CallerMetrics
 from deployments.protocol import (
     ModelSpec,
     TensorSpec,
@@ -73,11 +74,13 @@ def _actor_getter(name: str) -> Any:
 
 
 class _Model:
-    def __init__(self, config: ModelConfig, default_timeout_s: float | None) -> None:
+    def __init__(self, config: ModelConfig, default_timeout_s: float | None,
+                 metrics: bool = False) -> None:
         self.config = config
         self.spec = model_spec(config)
         self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
-        self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s)
+        self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s,
+                                CallerMetrics(config) if metrics else None)
         self.ready: asyncio.Future | None = None
 
 
@@ -125,7 +128,8 @@ class Ingress:
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.config = RaybatchConfig.model_validate_json(config_json)
         timeout = self.config.ingress.default_timeout_s
-        self.models = {m.name: _Model(m, timeout) for m in self.config.models}
+        metrics = self.config.metrics.enabled
+        self.models = {m.name: _Model(m, timeout, metrics) for m in self.config.models}
         await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
 
     async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:

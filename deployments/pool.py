@@ -6,7 +6,8 @@ with it: deleting the app leaves none behind). The pool keeps between
 replica exceed `scale_up_queue_items`, removes one after `scale_down_idle_s`
 with nothing queued, and replaces a replica that died. A replica that cannot
 be placed stays pending: that pending actor is what makes the Ray autoscaler
-(and KubeRay) add a node.
+(and KubeRay) add a node. `snapshot()` says how many replicas the scaling rule
+wants, how many serve and how many are pending, for the metrics sampler.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from batching.loop import ReplicaDied
 from cluster.config import ModelConfig
 from deployments.hosts import Host
+from deployments.metrics import PoolSnapshot
 from deployments.replica import ModelReplica
 
 log = logging.getLogger(__name__)
@@ -81,9 +83,11 @@ def _replica_classes(kind: str) -> tuple[type, type]:
 
 
 class ReplicaPool:
-    def __init__(self, config: ModelConfig, host: Host) -> None:
+    def __init__(self, config: ModelConfig, host: Host, record_metrics: bool = False) -> None:
         self.config = config
         self.host = host
+        self.record_metrics = record_metrics
+        self.desired = max(1, config.replicas.min_replicas)
         self._actor_class, self._client_class = _replica_classes(config.batching.kind)
         self._json = config.model_dump_json()
         self._indices = itertools.count()
@@ -124,7 +128,7 @@ class ReplicaPool:
     def _create(self) -> tuple[int, Any]:
         index = next(self._indices)
         actor = ray.remote(concurrency_groups={"control": 1})(self._actor_class).options(
-            **self._actor_options()).remote(self._json, index)
+            **self._actor_options()).remote(self._json, index, self.record_metrics)
         self._starting[index] = actor
         return index, actor
 
@@ -170,9 +174,11 @@ class ReplicaPool:
             await asyncio.sleep(0.5)
             live = len(self.host.replicas) + len(self._starting)
             queued = self.host.queued_work
+            self.desired = live
             if live < r.min_replicas or (
                 live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
             ):
+                self.desired = live + 1
                 self._spawn(self._add())
                 continue
             now = time.monotonic()
@@ -180,6 +186,7 @@ class ReplicaPool:
             self._idle_since = None if busy else (self._idle_since or now)
             if (self._idle_since is not None and now - self._idle_since > r.scale_down_idle_s
                     and len(self.host.replicas) > max(r.min_replicas, 1)):
+                self.desired = len(self.host.replicas) - 1
                 self._remove_one()
                 self._idle_since = now
 
@@ -191,6 +198,10 @@ class ReplicaPool:
         assert isinstance(victim, RayReplicaClient)
         ray.kill(victim.actor, no_restart=True)
         log.info("scaled %s of %s down", victim.name, self.config.name)
+
+    def snapshot(self) -> PoolSnapshot:
+        return PoolSnapshot(self.desired, len(self.host.replicas), len(self._starting),
+                            self._demand())
 
     async def info(self) -> list[dict[str, Any]]:
         out = []

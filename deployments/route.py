@@ -11,6 +11,8 @@ Stateful models: a request is one item of one sequence, and every request of a
 sequence goes to the same shard (chosen from its id), where its state is.
 Generative models: `generate_stream` / `generate`, multiplexed per shard by a
 `GenerateMux`; `infer` is refused with a pointer to them.
+Given `metrics`, it counts the requests it refuses itself and those lost with a
+batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 """
 
 from __future__ import annotations
@@ -24,36 +26,47 @@ import numpy as np
 from batching.errors import InvalidRequest
 from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
-from deployments.generation import GenerateMux, collect
+from deployments.generation import GenerateMux, collect, generate_request
+from deployments.metrics import CallerMetrics
 from deployments.protocol.datatypes import NUMPY_DTYPES
 
 
 class ModelRoute:
     def __init__(self, config: ModelConfig, get_actors: list[Callable[[], Any]],
-                 default_timeout_s: float | None = None) -> None:
+                 default_timeout_s: float | None = None,
+                 metrics: CallerMetrics | None = None) -> None:
         (self._input,) = config.inputs
         (self._output,) = config.outputs
         self.config = config
         self.kind = config.batching.kind
+        self.metrics = metrics
         size = getattr(config.batching, "max_batch_size", 64)
-        self.shards = [Coalescer(get, bundle_items=size) for get in get_actors]
+        lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
+        self.shards = [Coalescer(get, bundle_items=size, on_lost=lost) for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
         self._dtype = NUMPY_DTYPES[self._output.datatype]
 
+    def _invalid(self, message: str) -> InvalidRequest:
+        """The error of a request this route refuses itself, counted as `invalid` (those
+        the batching actor refuses, it counts)."""
+        if self.metrics is not None:
+            self.metrics.count("invalid")
+        return InvalidRequest(message)
+
     def input_array(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The request's items: its one input, checked against the model's tensor spec."""
         tensor = self._input
         if set(inputs) != {tensor.name}:
-            raise InvalidRequest(f"model {self.config.name!r} takes exactly one input "
+            raise self._invalid(f"model {self.config.name!r} takes exactly one input "
                                  f"{tensor.name!r}; got {sorted(inputs)}")
         array = inputs[tensor.name]
         if not isinstance(array, np.ndarray) or array.ndim != len(tensor.shape):
-            raise InvalidRequest(f"input {tensor.name!r} must be an array of rank "
+            raise self._invalid(f"input {tensor.name!r} must be an array of rank "
                                  f"{len(tensor.shape)} with shape {list(tensor.shape)}")
         if len(array) == 0:
-            raise InvalidRequest(f"input {tensor.name!r} has an empty batch dimension: "
+            raise self._invalid(f"input {tensor.name!r} has an empty batch dimension: "
                                  "send at least one item")
         return array
 
@@ -70,7 +83,7 @@ class ModelRoute:
             value = await shard.submit(array, priority, timeout_s, control)
             return {self._output.name: np.asarray([value], dtype=self._dtype)}
         if self.kind == "iterative":
-            raise InvalidRequest(f"model {self.config.name!r} is generative: use generate or "
+            raise self._invalid(f"model {self.config.name!r} is generative: use generate or "
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
         shard = min(self.shards, key=lambda c: c.outstanding)  # least outstanding work
         value = await shard.submit(array, priority, timeout_s)
@@ -80,16 +93,16 @@ class ModelRoute:
                  sequence: tuple[Any, bool, bool] | None) -> tuple[Any, bool, bool]:
         name = self.config.name
         if sequence is None or sequence[0] in (None, 0, ""):
-            raise InvalidRequest(f"model {name!r} is stateful: every request needs a "
+            raise self._invalid(f"model {name!r} is stateful: every request needs a "
                                  "sequence_id (a positive integer or a non-empty string), and "
                                  "sequence_start=true on a sequence's first request")
         sequence_id, start, end = sequence
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)) or (
                 isinstance(sequence_id, int) and sequence_id < 0):
-            raise InvalidRequest(f"sequence_id={sequence_id!r} must be a positive integer or "
+            raise self._invalid(f"sequence_id={sequence_id!r} must be a positive integer or "
                                  "a non-empty string")
         if len(array) != 1:
-            raise InvalidRequest(f"model {name!r} is stateful: a request carries one item of "
+            raise self._invalid(f"model {name!r} is stateful: a request carries one item of "
                                  f"one sequence, got {len(array)}; send them one by one")
         return sequence_id, bool(start), bool(end)
 
@@ -110,7 +123,11 @@ class ModelRoute:
         """A generation's events: {"text_output", "index"} per step, then one with
         "final": true, "finish_reason" and token counts. Closing it early cancels it."""
         if self.kind != "iterative":
-            raise InvalidRequest(f"model {self.config.name!r} does not generate text: use infer")
+            raise self._invalid(f"model {self.config.name!r} does not generate text: use infer")
+        try:
+            generate_request(0, prompt, params)  # a bad request fails here, counted
+        except InvalidRequest as e:
+            raise self._invalid(str(e)) from None
         params = dict(params or {})
         default = self.default_timeout_s
         if default is not None and "timeout" not in params:

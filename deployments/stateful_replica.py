@@ -22,14 +22,14 @@ from deployments.replica import ModelReplica
 
 
 class SequenceReplica(ModelReplica):
-    def __init__(self, model_json: str, index: int) -> None:
-        super().__init__(model_json, index)
+    def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
+        super().__init__(model_json, index, record_metrics)
         self.store = StateStore(self.model)
 
     def run(self, batch: SequenceBatchInput) -> tuple[list[Any], float]:  # type: ignore[override]
         t0 = time.perf_counter()
         results = self.store.run(batch)
-        return results, time.perf_counter() - t0
+        return results, self._elapsed(t0)
 
     def release(self, sequence_ids: list[Any]) -> int:
         return self.store.release(sequence_ids)
@@ -39,11 +39,11 @@ class SequenceReplica(ModelReplica):
 
 
 class StepReplica(ModelReplica):
-    def __init__(self, model_json: str, index: int) -> None:
-        super().__init__(model_json, index)
+    def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
+        super().__init__(model_json, index, record_metrics)
         self.generator = Generator(self.model)
 
     def step(self, join: Sequence[Join], leave: Sequence[Any]) -> tuple[list[StepOutput], float]:
         t0 = time.perf_counter()
         outputs = self.generator.step(join, leave)
-        return outputs, time.perf_counter() - t0
+        return outputs, self._elapsed(t0)

@@ -30,6 +30,7 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
     if len(shards) == 1:
         return shards[0]
     out: dict[str, Any] = {k: sum(s.get(k, 0) for s in shards) for k in _SUMMED}
+    out["batch_limit"] = shards[0].get("batch_limit")  # per batch: the same in every shard
     for k, v in shards[0].items():  # counters of the other engines (live_sequences, steps...)
         if k not in out and isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = sum(s.get(k, 0) for s in shards)
@@ -41,6 +42,9 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
         out[k] = merged
     for k in _DURATIONS:
         out[k] = {f: sum(s.get(k, _NONE)[f] for s in shards) for f in ("count", "s")}
+    hists = [s["queue_hist"] for s in shards if "queue_hist" in s]
+    if hists:
+        out["queue_hist"] = [sum(col) for col in zip(*hists)]
     out["mean_batch_size"] = round(out["items"] / out["batches"], 3) if out["batches"] else 0.0
     out["last_inference_ms"] = max(s.get("last_inference_ms", 0) for s in shards)
     out["latency_model"] = [s.get("latency_model") for s in shards]

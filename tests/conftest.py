@@ -68,6 +68,12 @@ class App:
         return (await self.handle.status.remote())[model]
 
 
+# Where the session's Ray exports its metrics (Prometheus text), and how often workers
+# report to it (Ray's default is every 10 s; tests that read metrics would wait that long).
+METRICS_PORT = free_port()
+METRICS_REPORT_INTERVAL_MS = 2000
+
+
 @pytest.fixture(scope="session")
 def ray_address():
     """A local Ray for the whole session; yields its GCS address."""
@@ -78,11 +84,19 @@ def ray_address():
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 _metrics_export_port=METRICS_PORT,
+                 _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
     finally:
         os.chdir(cwd)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def metrics_url(ray_address) -> str:
+    """The session Ray's metrics endpoint (what Prometheus scrapes)."""
+    return f"http://127.0.0.1:{METRICS_PORT}/metrics"
 
 
 def load_test_config(gate: Path) -> Any:

@@ -29,6 +29,7 @@ from batching.dynamic.policy import DynamicPolicy, TimeoutAction
 from batching.dynamic.queues import Entry, LevelQueue
 from batching.errors import DeadlineExceeded, InvalidRequest, QueueFull
 from batching.latency import LatencyModel
+from batching.metrics import LevelDepth
 from batching.stats import BatchStats
 from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
 
@@ -83,6 +84,10 @@ class DynamicBatcher:
     def inflight_batches(self) -> int:
         return len(self._inflight)
 
+    def queued_by_level(self) -> tuple[LevelDepth, ...]:
+        """Requests and items waiting at each priority level (1 first)."""
+        return tuple(LevelDepth(i, q.count, q.items) for i, q in enumerate(self._levels, 1))
+
     def take_failures(self) -> list[Failure]:
         """Requests the batcher ended without running them since the last call."""
         out, self._failures = self._failures, []
@@ -107,6 +112,7 @@ class DynamicBatcher:
         entry = Entry(request, level, now, now + self._timeout_of(request, level),
                       next(self._seq), cum_cost)
         queue.push(entry)
+        queue.items += request.num_items
         self._queued[request.id] = entry
         cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
         self._items += request.num_items
@@ -212,6 +218,7 @@ class DynamicBatcher:
                 entry.offset += take
                 room_items -= take
                 room_cost -= cost
+                queue.items -= take
                 batch_cost += cost
                 self._items -= take
                 self._cost -= cost
@@ -270,7 +277,9 @@ class DynamicBatcher:
     # -- bookkeeping ----------------------------------------------------------------------
     def _remove(self, entry: Entry) -> None:
         entry.removed = True
-        self._levels[entry.level - 1].count -= 1
+        queue = self._levels[entry.level - 1]
+        queue.count -= 1
+        queue.items -= entry.remaining_items
         self._items -= entry.remaining_items
         self._cost -= entry.remaining_cost
         del self._queued[entry.request.id]

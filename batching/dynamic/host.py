@@ -13,7 +13,9 @@ replica while the current one runs). A replica that dies (`ReplicaDied`) is
 removed; its batches are retried once on another replica, then fail with
 `WorkerDied`. A request ends exactly once: the ledger drops late parts.
 Every submit of one event-loop tick is batched together (the pump runs once
-per tick), which costs no added wait.
+per tick), which costs no added wait. Metrics: the `recorder` it is handed gets
+one value per batch sent and per batch back (`batching.metrics`); outcomes are
+counted per request in a dict and sampled with `snapshot()`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from batching.dynamic.policy import DynamicPolicy
 from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
 from batching.loop import LoopHost, OpenRequest, ReplicaDied, ReplicaSlot
+from batching.metrics import (
+    NULL_RECORDER,
+    BatchDone,
+    BatchSent,
+    HostSnapshot,
+    Recorder,
+    outcome_of,
+)
 from batching.types import Batch, Request, RequestId
 
 log = logging.getLogger(__name__)
@@ -50,9 +60,12 @@ class ReplicaClient(Protocol):
 class BatchHost(LoopHost[DynamicBatcher]):
     def __init__(self, policy: DynamicPolicy, *, max_inflight: int = 2,
                  clock: Callable[[], float] = time.monotonic,
-                 on_replica_died: Callable[[ReplicaClient], None] | None = None) -> None:
+                 on_replica_died: Callable[[ReplicaClient], None] | None = None,
+                 recorder: Recorder = NULL_RECORDER) -> None:
         super().__init__(clock)
         self.policy = policy
+        self.recorder = recorder
+        self.outcomes: dict[str, int] = {}  # requests ended, by outcome (batching.metrics)
         self.engine = DynamicBatcher(policy)
         self.ledger = Ledger(policy.preserve_ordering)
         self.max_inflight = max_inflight
@@ -122,6 +135,14 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self._settle(self.ledger.fail_all(error))
         self._cancel_timer()
 
+    def snapshot(self) -> HostSnapshot:
+        """Queue depths, batches in flight and cumulative counts, for a metrics sampler."""
+        return HostSnapshot(
+            queued=self.engine.queued_by_level(),
+            inflight=tuple((s.client.name, s.inflight) for s in self._slots),
+            outcomes=dict(self.outcomes), replica_deaths=self.replica_deaths,
+            retried_batches=self.retried_batches)
+
     def stats(self) -> dict[str, Any]:
         a, b = self.engine.latency.coefficients
         return {
@@ -164,9 +185,17 @@ class BatchHost(LoopHost[DynamicBatcher]):
     def _dispatch(self, batch: Batch, slot: ReplicaSlot) -> None:
         self._inflight[batch.id] = batch
         now, open_, stats = batch.created_s, self._open, self.engine.stats
+        default = self.policy.default_level
+        waits, levels = [], []
         for p in batch.parts:
-            if p.start == 0:
-                stats.record_queue(now - open_[p.request_id].submitted_s)
+            if p.start == 0:  # a request counts its wait once, in the batch it starts in
+                rec = open_[p.request_id]
+                wait = now - rec.submitted_s
+                stats.record_queue(wait)
+                waits.append(wait)
+                levels.append(rec.request.priority or default)
+        self.recorder.batch_sent(BatchSent(batch.num_items, batch.cost, batch.reason.value,
+                                           tuple(waits), tuple(levels)))
         self._send(batch, slot)
 
     def _send(self, batch: Batch, slot: ReplicaSlot) -> None:
@@ -183,6 +212,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         except BaseException as e:  # the model's own error: this batch's requests only
             slot.inflight -= 1
             self._finish(batch, None)
+            self.recorder.batch_done(BatchDone(batch.num_items,
+                                               self._clock() - batch.created_s, None))
             self._settle(self.ledger.fail_batch(batch, e))
             self._schedule_pump()
             if isinstance(e, asyncio.CancelledError):
@@ -191,6 +222,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         slot.inflight -= 1
         self._finish(batch, compute_s)
         self.engine.stats.record_compute(batch.num_items, compute_s)
+        self.recorder.batch_done(BatchDone(batch.num_items, self._clock() - batch.created_s,
+                                           compute_s))
         self._settle(self.ledger.deliver(batch, results))
         self._schedule_pump()
 
@@ -244,13 +277,15 @@ class BatchHost(LoopHost[DynamicBatcher]):
         return flat
 
     def _settle(self, outcomes: list[Outcome]) -> None:
-        open_ = self._open
+        open_, counts = self._open, self.outcomes
         now, stats = self._clock(), self.engine.stats
         for o in outcomes:
             rec = open_.pop(o.request_id, None)
             if rec is None:
                 continue
             stats.record_outcome(o.error is None, now - rec.submitted_s)
+            kind = outcome_of(o.error)
+            counts[kind] = counts.get(kind, 0) + 1
             if o.error is not None:  # a split request that failed: its queued rest never runs
                 self.engine.cancel(o.request_id, now)
             if rec.future.done():

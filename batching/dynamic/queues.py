@@ -61,6 +61,7 @@ class LevelQueue:
     live: list[tuple[float, int, Entry]] = field(default_factory=list)
     delayed: deque[Entry] = field(default_factory=deque)
     count: int = 0  # requests queued here, partly dispatched ones included
+    items: int = 0  # their items not yet dispatched
 
     def push(self, entry: Entry) -> None:
         heapq.heappush(self.live, (entry.deadline_s, entry.seq, entry))

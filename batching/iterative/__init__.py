@@ -9,6 +9,7 @@ leave at step boundaries.
     generative.py  StepModel (the model interface: prefill / step / encode / decode) and
                    Generator (the replica side: per-sequence state, stop strings, eos)
     host.py        IterativeHost: the asyncio loop, streaming each step's tokens
+    meter.py       StepMeter: what the host measures of its steps, for metrics
 """
 
 from batching.iterative.generative import Generator, StepModel

@@ -14,6 +14,7 @@ sequences that streamed text fail with `WorkerDied` (nothing partial is
 retried); one that streamed nothing yet is requeued once, at the head of its
 level, since its caller cannot tell (greedy decoding gives the same text).
 A request ends exactly once: `_open` is popped before its end is delivered.
+Metrics: a `StepMeter` hands the `recorder` one value per step; `snapshot()`.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from typing import Any, Protocol
 
 from batching.errors import BatchSizeMismatch, Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.iterative.generative import Generator
+from batching.iterative.meter import StepMeter
 from batching.iterative.policy import IterativePolicy
 from batching.iterative.scheduler import GenerateRequest, IterativeScheduler, Join, Step, StepOutput
 from batching.loop import LoopHost, ReplicaDied
+from batching.metrics import NULL_RECORDER, HostSnapshot, Recorder
 from batching.types import RequestId
 
 log = logging.getLogger(__name__)
@@ -176,9 +179,11 @@ class IterativeHost(LoopHost[IterativeScheduler]):
 
     def __init__(self, policy: IterativePolicy, *, count_tokens: Callable[[str], int] = len,
                  clock: Callable[[], float] = time.monotonic,
-                 on_replica_died: Callable[[StepReplicaClient], None] | None = None) -> None:
+                 on_replica_died: Callable[[StepReplicaClient], None] | None = None,
+                 recorder: Recorder = NULL_RECORDER) -> None:
         super().__init__(clock)
         self.policy = policy
+        self.meter = StepMeter(recorder, policy.level_of)
         self.engine = IterativeScheduler(policy)
         self._count_tokens = count_tokens
         self._on_replica_died = on_replica_died or (lambda client: None)
@@ -207,6 +212,7 @@ class IterativeHost(LoopHost[IterativeScheduler]):
             return
         slot.removed = True
         self._slots.remove(slot)
+        self.meter.forget(slot)
         for rid in self.engine.remove_replica(slot):
             self._end(rid, WorkerDied(why))
         self._schedule_pump()
@@ -260,6 +266,16 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         self._cancel_timer()
         self._schedule_pump()
 
+    def snapshot(self) -> HostSnapshot:
+        """Waiting requests, steps in flight, active sequences and cumulative counts."""
+        m = self.meter
+        return HostSnapshot(
+            self.engine.waiting_by_level(), tuple((s.client.name, int(s.busy))
+                                                  for s in self._slots),
+            dict(m.outcomes), replica_deaths=self._counts["replica_deaths"],
+            active_sequences=self.engine.active, tokens_generated=m.tokens_generated,
+            generations_cancelled=m.outcomes.get("cancelled", 0))
+
     def stats(self) -> dict[str, Any]:
         c = self._counts
         return {**self.engine.stats.as_dict(), "waiting": self.engine.waiting,
@@ -267,7 +283,8 @@ class IterativeHost(LoopHost[IterativeScheduler]):
                 "inflight_steps": sum(s.busy for s in self._slots), "replicas": len(self._slots),
                 "replica_deaths": c["replica_deaths"], "completed": c["completed"],
                 "failed": c["failed"], "compute_s": c["compute_s"],
-                "mean_time_to_first_text_s": c["first_text_s"] / max(c["first_texts"], 1)}
+                "mean_time_to_first_text_s": c["first_text_s"] / max(c["first_texts"], 1),
+                "queue_hist": list(self.meter.join_waits.counts)}
 
     # -- the pump: the only place steps are formed -----------------------------------------
     def _pump(self) -> None:
@@ -277,6 +294,9 @@ class IterativeHost(LoopHost[IterativeScheduler]):
             step = self.engine.next_step(now, slot)
             if step is not None:
                 slot.busy = True
+                if step.active:  # a leave-only step frees memory; it advances nothing
+                    self.meter.sent(step, now, [(g.submitted_s, g.request.priority)
+                                                for j in step.join if (g := self._open.get(j.id))])
                 self._spawn(self._run(step, slot))
         for failure in self.engine.take_failures():
             self._end(failure.request_id, failure.error)
@@ -304,23 +324,27 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         if slot.removed:
             return  # its sequences ended (or were requeued) when it was removed
         self._counts["compute_s"] += compute_s
+        now = self._clock()
         try:
-            live = self.engine.complete(step.id, outputs, self._clock())
+            live = self.engine.complete(step.id, outputs, now)
         except BatchSizeMismatch as e:
             self._fail_step(step, e)
             return
-        self._deliver(live)
+        first_text_s = self._deliver(live)
+        self.meter.done(step, now, compute_s, first_text_s, sum(o.tokens for o in outputs))
         self._schedule_pump()
 
     def _fail_step(self, step: Step, error: BaseException, level: int = logging.ERROR) -> None:
         log.log(level, "step %d on %s failed (requests %s): %r", step.id,
                 step.replica.client.name, list(step.active), error)
+        self.meter.done(step, self._clock(), None)
         for rid in self.engine.fail_step(step.id, self._clock()):
             self._end(rid, error)
         self._schedule_pump()
 
-    def _deliver(self, outputs: Sequence[StepOutput]) -> None:
-        now, counts = self._clock(), self._counts
+    def _deliver(self, outputs: Sequence[StepOutput]) -> tuple[float, ...]:
+        """Hand each output to its stream; the times to first text of those that got it."""
+        now, counts, first = self._clock(), self._counts, []
         for out in outputs:
             g = self._open.get(out.id)
             if g is None:
@@ -328,7 +352,8 @@ class IterativeHost(LoopHost[IterativeScheduler]):
             g.num_tokens += out.tokens
             if out.text:
                 if not g.parts:
-                    counts["first_text_s"] += now - g.submitted_s
+                    first.append(now - g.submitted_s)
+                    counts["first_text_s"] += first[-1]
                     counts["first_texts"] += 1
                 g.parts.append(out.text)
                 g.stream._push(TokenEvent(out.id, g.events, out.text))
@@ -336,16 +361,19 @@ class IterativeHost(LoopHost[IterativeScheduler]):
             if out.finished is not None:
                 del self._open[out.id]
                 counts["completed"] += 1
+                self.meter.ended(None)
                 g.stream._push(Finished(out.id, "".join(g.parts), out.finished, g.num_tokens,
                                         g.request.prompt_tokens), last=True)
         if not self._open:
             self._idle.set()
+        return tuple(first)
 
     def _end(self, request_id: RequestId, error: BaseException) -> None:
         g = self._open.pop(request_id, None)
         if g is None:
             return
         self._counts["failed"] += 1
+        self.meter.ended(error)
         g.stream._push(error, last=True)
         if not self._open:
             self._idle.set()

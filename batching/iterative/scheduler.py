@@ -40,6 +40,7 @@ from batching.errors import (
     ServiceClosed,
 )
 from batching.iterative.policy import IterativePolicy
+from batching.metrics import LevelDepth
 from batching.types import Failure, RequestId
 
 
@@ -182,6 +183,14 @@ class IterativeScheduler:
 
     def active_on(self, replica: Hashable) -> int:
         return len(self._replicas[replica].active)
+
+    def waiting_by_level(self) -> tuple[LevelDepth, ...]:
+        """Requests waiting to join at each priority level (1 first); one item each."""
+        counts = [0] * self.policy.priority_levels
+        for s in self._seqs.values():
+            if s.state is SeqState.WAITING:
+                counts[s.level - 1] += 1
+        return tuple(LevelDepth(i, n, n) for i, n in enumerate(counts, 1))
 
     def dispatch_order(self, idle: Iterable[Hashable]) -> list[Hashable]:
         """Idle replicas to ask for a step, fewest active first: joins go where the room is."""

@@ -14,6 +14,7 @@ batch's requests only. Sequences ended without their end request running
 (idle timeout, withdrawn end) are released on their replica, fire and forget,
 and always before any later batch is sent (tasks start in creation order), so
 a replica never runs a restarted sequence before dropping its old state.
+Metrics go to the `recorder` it is handed, per batch, and to `snapshot()`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ from batching.errors import (
 )
 from batching.ledger import ItemFailed
 from batching.loop import LoopHost, OpenRequest, ReplicaDied, ReplicaSlot
+from batching.metrics import (
+    NULL_RECORDER,
+    BatchDone,
+    BatchSent,
+    HostSnapshot,
+    LevelDepth,
+    Recorder,
+    outcome_of,
+)
 from batching.sequence.batcher import SequenceBatcher
 from batching.sequence.policy import SequencePolicy
 from batching.sequence.stateful import SequenceBatchInput, make_batch_input
@@ -68,11 +78,14 @@ class SequenceHost(LoopHost[SequenceBatcher]):
 
     def __init__(self, policy: SequencePolicy, *, max_inflight: int = 2,
                  clock: Callable[[], float] = time.monotonic,
-                 on_replica_died: Callable[[Any], None] | None = None) -> None:
+                 on_replica_died: Callable[[Any], None] | None = None,
+                 recorder: Recorder = NULL_RECORDER) -> None:
         if max_inflight < 1:
             raise ValueError(f"max_inflight={max_inflight} must be >= 1")
         super().__init__(clock)
         self.policy = policy
+        self.recorder = recorder
+        self.outcomes: dict[str, int] = {}  # requests ended, by outcome (batching.metrics)
         self.engine = SequenceBatcher(policy)
         self.max_inflight = max_inflight
         self._on_replica_died = on_replica_died or (lambda client: None)
@@ -161,6 +174,17 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         """Look at the clock now, as the timer does (for hosts driven by a fake clock)."""
         self._pump()
 
+    def snapshot(self) -> HostSnapshot:
+        """Queue depth, batches in flight, live sequences and cumulative counts."""
+        e = self.engine
+        queued = e.queued_requests
+        return HostSnapshot(
+            queued=(LevelDepth(1, queued, queued),),
+            inflight=tuple((s.client.name, s.inflight) for s in self._slots),
+            outcomes=dict(self.outcomes), replica_deaths=self.replica_deaths,
+            live_sequences=e.live_sequences, sequences_lost=e.counts["sequences_lost"],
+            sequences_idle_expired=e.counts["sequences_idle_freed"])
+
     def stats(self) -> dict[str, Any]:
         return {
             **self.engine.stats,
@@ -190,8 +214,11 @@ class SequenceHost(LoopHost[SequenceBatcher]):
     def _dispatch(self, batch: SequenceBatch) -> None:
         slot: ReplicaSlot = batch.replica  # type: ignore[assignment]  # the key is the slot
         open_, stats = self._open, self.engine.batch_stats
-        for rid in batch.ids:
-            stats.record_queue(batch.created_s - open_[rid].submitted_s)
+        waits = tuple(batch.created_s - open_[rid].submitted_s for rid in batch.ids)
+        for wait in waits:
+            stats.record_queue(wait)
+        self.recorder.batch_sent(BatchSent(len(waits), float(len(waits)), batch.reason.value,
+                                           waits, (1,) * len(waits)))
         # The inputs are built now: a request cancelled while the batch runs leaves _open.
         inputs = make_batch_input(batch, {rid: open_[rid].request.item for rid in batch.ids})
         self._inflight[batch.id] = batch
@@ -213,6 +240,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         except BaseException as e:  # the model's own error: this batch's requests only
             slot.inflight -= 1
             self._finish(batch, failed=True)
+            self.recorder.batch_done(BatchDone(batch.num_items,
+                                               self._clock() - batch.created_s, None))
             self._fail_rows(batch, lambda sid, e=e: e)
             self._schedule_pump()
             if isinstance(e, asyncio.CancelledError):
@@ -220,6 +249,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
             return
         slot.inflight -= 1
         self.engine.batch_stats.record_compute(batch.num_items, compute_s)
+        self.recorder.batch_done(BatchDone(batch.num_items, self._clock() - batch.created_s,
+                                           compute_s))
         self._deliver(batch, results)
         self._schedule_pump()
 
@@ -286,6 +317,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         if rec is None:
             return
         self.engine.batch_stats.record_outcome(error is None, self._clock() - rec.submitted_s)
+        kind = outcome_of(error)
+        self.outcomes[kind] = self.outcomes.get(kind, 0) + 1
         if not rec.future.done():
             if error is None:
                 rec.future.set_result(value)

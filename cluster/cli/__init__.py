@@ -5,6 +5,8 @@
     demo.py       the embedded batcher alone under load, no Ray
     topology.py   NUMA nodes, cores, GPUs and the affinity plan of this machine
     render.py     render k8s: the KubeRay manifests of a config (`cluster.k8s`)
+    watch.py      status --watch: a live view per model (rates, queue, fill, waits)
+    dashboard.py  dashboard render / publish: the Grafana dashboard of the config
 """
 
 from cluster.cli.main import build_parser, main

@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cli.add_arguments(sim)
     sim.set_defaults(func=_lazy("batching.simulate.cli:run"))
 
+    dash = sub.add_parser("dashboard", help="render the Grafana dashboard of the config, or "
+                                            "publish it to a Grafana")
+    from cluster.cli import dashboard as dashboard_cli
+
+    dashboard_cli.add_arguments(dash)
+
     topo = sub.add_parser("topology", help="NUMA nodes, cores and GPUs here, and the affinity plan")
     from cluster.cli import topology as topology_cli
 

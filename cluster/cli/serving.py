@@ -29,6 +29,9 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--metrics-port", type=int,
+                   help="port of the local Ray's Prometheus metrics, raybatch_* included "
+                        "(default: one Ray picks; printed)")
     p.add_argument("--sysfs-root", metavar="DIR",
                    help="describe the machine from DIR laid out like /sys (tests); replicas "
                         "pin by it too (default: $RAYBATCH_SYSFS_ROOT, else /sys)")
@@ -47,6 +50,8 @@ def up(args: argparse.Namespace) -> int:
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
     node = {} if args.address else local_node_options(args.sysfs_root)
+    if args.metrics_port and not args.address:
+        node["_metrics_export_port"] = args.metrics_port
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node,
              runtime_env={"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED":
                                        os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")}})
@@ -55,6 +60,7 @@ def up(args: argparse.Namespace) -> int:
           flush=True)
     serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
     _print_welcome(config, host, port)
+    _print_metrics(config)
     if args.exit_after_deploy:
         return 0
     stop = threading.Event()
@@ -144,6 +150,20 @@ def _ray_executable() -> str:
     return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")
 
 
+def _print_metrics(config: Any) -> None:
+    """Where each Ray node exports its metrics (the ray_raybatch_* series among Ray's)."""
+    import ray
+
+    if not config.metrics.enabled:
+        return
+    urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+            for n in ray.nodes() if n.get("Alive") and n.get("MetricsExportPort")]
+    if urls:
+        print("Prometheus metrics (ray_raybatch_*): " + " ".join(urls) +
+              "\n  live view: raybatch status --watch; Grafana: raybatch dashboard render",
+              flush=True)
+
+
 def _print_welcome(config: Any, host: str, port: int) -> None:
     base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
     print(f"\nRaybatch is serving at {base}", flush=True)
@@ -171,9 +191,20 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
     p.add_argument("--app", default="raybatch", help="application name")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
+                        "queue wait, replicas (Ctrl-C stops)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes of --watch (default: 2)")
+    p.add_argument("--count", type=int, default=0, metavar="N",
+                   help="stop --watch after N frames (default: 0, never)")
 
 
 def status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from cluster.cli.watch import run
+
+        return run(args)
     import ray
     from ray import serve
 

@@ -32,6 +32,13 @@ def test_merge_adds_counts_and_keeps_every_replica():
     assert merge_stats([a]) is a
 
 
+def test_merge_adds_the_queue_wait_buckets_of_the_shards():
+    a = {**shard_stats(1, 1, {1: 1}, 1), "queue_hist": [1, 0, 2]}
+    b = {**shard_stats(1, 1, {1: 1}, 1), "queue_hist": [0, 3, 1]}
+    assert merge_stats([a, b])["queue_hist"] == [1, 3, 3]
+    assert "queue_hist" not in merge_stats([shard_stats(1, 1, {1: 1}, 1)] * 2)
+
+
 def test_each_shard_runs_its_share_of_the_replicas_rounded_up():
     cfg = load_config({"models": [{
         "name": "m", "transformer": "deployments.models:Square",

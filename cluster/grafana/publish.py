@@ -1,0 +1,100 @@
+"""Publish a rendered dashboard to Grafana with `grafana-client`; every failure in one line.
+
+`publish` checks the server (`/api/health`), finds or creates the folder by title,
+and saves the dashboard with `overwrite` (same uid: a new version of the same
+dashboard). What Grafana answers becomes a `PublishError` whose message says what
+went wrong and what to change: the URL (unreachable), the credentials (401), the
+permissions (403), the dashboard (400, 412).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin
+
+
+class PublishError(Exception):
+    """Publishing failed; the message is one line saying what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    url: str  # where the dashboard opens
+    version: int
+    uid: str
+    folder: str | None
+
+
+def _credential(token: str | None, user: str | None, password: str | None) -> Any:
+    if token and (user or password):
+        raise PublishError("give --token or --user/--password, not both")
+    if (user is None) != (password is None):
+        raise PublishError("--user and --password go together: give both, or --token")
+    return token or ((user, password) if user is not None else None)
+
+
+def _explain(e: Exception, url: str, doing: str) -> PublishError:
+    """`e` (from grafana-client or the HTTP layer) as one line saying what to fix."""
+    from grafana_client.client import GrafanaException, GrafanaTimeoutError
+
+    status = getattr(e, "status_code", None)
+    message = getattr(e, "message", None) or str(e)
+    if isinstance(e, GrafanaException) and isinstance(e.response, dict):
+        message = e.response.get("message", message)
+    message = " ".join(str(message).split())[:200]
+    if isinstance(e, GrafanaTimeoutError) or not isinstance(e, GrafanaException) or not status:
+        errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(e))
+        reason = errno.group(0) if errno else type(e).__name__
+        return PublishError(f"cannot reach Grafana at {url} while {doing} ({reason}): check "
+                            "--url and that Grafana is running and reachable from here")
+    if status == 401:
+        return PublishError(f"Grafana at {url} refused the credentials (401 {message}) while "
+                            f"{doing}: check --token, or --user and --password")
+    if status == 403:
+        return PublishError(f"Grafana at {url} denied {doing} (403 {message}): the token or "
+                            "user needs the Editor role (or write access to the folder)")
+    if status in (400, 412):
+        return PublishError(f"Grafana rejected the dashboard ({status} {message}) while "
+                            f"{doing}: another dashboard may have its title or uid in that "
+                            "folder (pass --title or --uid), or it is malformed (re-render "
+                            "it with `raybatch dashboard render`)")
+    return PublishError(f"Grafana at {url} answered {status} while {doing}: {message}")
+
+
+def _folder_uid(api: Any, title: str) -> str:
+    for folder in api.folder.get_all_folders():
+        if folder.get("title") == title:
+            return folder["uid"]
+    return api.folder.create_folder(title)["uid"]
+
+
+def publish(dashboard: dict[str, Any], url: str, *, token: str | None = None,
+            user: str | None = None, password: str | None = None,
+            folder: str | None = None, timeout_s: float = 10.0) -> Published:
+    """Save `dashboard` to the Grafana at `url` (in `folder`, created if missing)."""
+    from grafana_client import GrafanaApi
+
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise PublishError(f"--url {url!r} must start with http:// or https://")
+    api = GrafanaApi.from_url(url, credential=_credential(token, user, password),
+                              timeout=timeout_s)
+    doing = "checking its health"
+    try:
+        api.client.GET("/health")
+        doing = f"finding or creating folder {folder!r}"
+        folder_uid = _folder_uid(api, folder) if folder else None
+        doing = f"saving dashboard {dashboard.get('uid')!r}"
+        body: dict[str, Any] = {"dashboard": {**dashboard, "id": None}, "overwrite": True,
+                                "message": "raybatch dashboard publish"}
+        if folder_uid:
+            body["folderUid"] = folder_uid
+        saved = api.dashboard.update_dashboard(body)
+    except PublishError:
+        raise
+    except Exception as e:  # grafana-client's errors, and the HTTP layer's (unreachable)
+        raise _explain(e, url, doing) from None
+    where = urljoin(url + "/", saved.get("url") or f"/d/{saved.get('uid')}")
+    return Published(where, int(saved.get("version", 0)), saved.get("uid", ""), folder)

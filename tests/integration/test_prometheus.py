@@ -1,0 +1,139 @@
+"""Every PromQL expression of the dashboard, answered by a real Prometheus scraping Ray.
+
+A Prometheus (Debian's `prometheus` package; skipped with an install hint where
+the binary is missing) scrapes the session Ray's metrics port every second while
+every model of the shared app gets a little traffic. Then each expression of the
+dashboard rendered from the app's config, with the dashboard's variables filled
+in as Grafana would ("All" for cluster and model), must return data: at least
+one series with a finite value over the traffic's time range. A misspelled series
+or label, a counter that never appears, or a histogram without buckets fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cluster.grafana.dashboard import expressions, render_dashboard
+from tests.conftest import METRICS_PORT, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+SCRAPE_S = 1
+RATE_WINDOW = "10s"  # $__rate_interval: Grafana takes at least 4 scrape intervals
+VARIABLES = {"$__rate_interval": RATE_WINDOW, "$cluster": ".*", "$model": ".*"}
+INSTALL_HINT = ("Prometheus is not installed: `sudo apt-get install prometheus` (Debian/Ubuntu; "
+                "`make setup` does it when run as root), or put a prometheus binary on PATH")
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def prometheus(ray_address, tmp_path_factory):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip(INSTALL_HINT)
+    home = tmp_path_factory.mktemp("prometheus")
+    config = home / "prometheus.yml"
+    config.write_text(
+        f"global: {{scrape_interval: {SCRAPE_S}s, evaluation_interval: {SCRAPE_S}s}}\n"
+        "scrape_configs:\n"
+        "  - job_name: ray\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{METRICS_PORT}']}}]\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=(home / "log").open("w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ready(url, proc, home), timeout_s=30, every_s=0.2,
+                   what="Prometheus to start")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _ready(url: str, proc: subprocess.Popen, home: Path) -> bool:
+    if proc.poll() is not None:
+        pytest.fail(f"prometheus exited {proc.returncode}: {(home / 'log').read_text()[-2000:]}")
+    try:
+        return urllib.request.urlopen(url + "/-/ready", timeout=2).status == 200
+    except OSError:
+        return False
+
+
+def traffic(app, seconds: float) -> None:
+    """A little of everything the dashboard shows, to every model of the app."""
+    h = app.handle
+    give_up, round_ = time.monotonic() + seconds, 0
+    while time.monotonic() < give_up:
+        calls = []
+        for m in app.config.models:
+            kind, shape = m.batching.kind, m.inputs[0].shape
+            if kind == "dynamic":
+                x = np.ones((2, *shape[1:]), dtype=np.float32)
+                calls.append(h.infer_bundle.remote(m.name, [{"INPUT0": x}] * 8))
+            elif kind == "sequence":
+                dtype = np.int32 if m.inputs[0].datatype == "INT32" else np.float32
+                x = np.ones((1, *shape[1:]), dtype=dtype)
+                for i in range(4):
+                    calls.append(h.infer.remote(m.name, {"INPUT0": x}, {
+                        "sequence_id": f"prom-{round_}-{i}", "sequence_start": True,
+                        "sequence_end": True}))
+            else:
+                calls += [h.generate.remote(m.name, "Once upon", {"max_tokens": 6})
+                          for _ in range(3)]
+        for call in calls:
+            call.result(timeout_s=60)
+        round_ += 1
+
+
+def query_range(url: str, expr: str, start: float, end: float) -> list[dict]:
+    q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": SCRAPE_S})
+    answer = get_json(f"{url}/api/v1/query_range?{q}")
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def finite(result: list[dict]) -> bool:
+    return any(math.isfinite(float(v)) for series in result for _, v in series["values"])
+
+
+def test_every_dashboard_expression_returns_data_from_a_real_prometheus(app, prometheus):
+    start = time.time()
+    traffic(app, seconds=6)
+    end = time.time()
+    exprs = expressions(render_dashboard(app.config))
+    substituted = []
+    for title, expr in exprs:
+        for name, value in VARIABLES.items():
+            expr = expr.replace(name, value)
+        assert "$" not in expr, expr
+        substituted.append((title, expr))
+    # Ray reports every 2 s and Prometheus scrapes every 1 s: give the last points time to land.
+    probe = next(e for t, e in substituted if "histogram_quantile" in e)
+    wait_until(lambda: finite(query_range(prometheus, probe, start, time.time())),
+               timeout_s=30, every_s=1, what="the traffic to reach Prometheus")
+    time.sleep(2 * SCRAPE_S + 2)
+    end = time.time()
+    missing = [(title, e) for title, e in substituted
+               if not finite(query_range(prometheus, e, start - 10, end))]
+    assert not missing, f"{len(missing)} of {len(substituted)} expressions returned no data: " \
+                        + "\n".join(f"{t}: {e}" for t, e in missing[:20])
+    assert len(substituted) > 100
