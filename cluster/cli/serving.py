@@ -28,6 +28,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                                       "`raybatch join`)")
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
+    p.add_argument("--grpc-port", type=int,
+                   help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--sysfs-root", metavar="DIR",
                    help="describe the machine from DIR laid out like /sys (tests); replicas "
@@ -50,11 +52,13 @@ def up(args: argparse.Namespace) -> int:
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node,
              runtime_env={"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED":
                                        os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")}})
-    serve.start(http_options={"host": host, "port": port})
+    grpc_port = args.grpc_port or ingress.grpc_port
+    serve.start(http_options={"host": host, "port": port},
+                **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
     print(f"deploying {len(config.models)} models: {', '.join(m.name for m in config.models)}",
           flush=True)
     serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
-    _print_welcome(config, host, port)
+    _print_welcome(config, host, port, grpc_port)
     if args.exit_after_deploy:
         return 0
     stop = threading.Event()
@@ -144,9 +148,18 @@ def _ray_executable() -> str:
     return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")
 
 
-def _print_welcome(config: Any, host: str, port: int) -> None:
+def grpc_options(port: int) -> dict[str, Any]:
+    """Serve's gRPC proxy with the KServe v2 / Triton service (deployments.grpc)."""
+    from deployments.grpc import SERVICER_FUNCTIONS
+
+    return {"port": port, "grpc_servicer_functions": SERVICER_FUNCTIONS}
+
+
+def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = None) -> None:
     base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
     print(f"\nRaybatch is serving at {base}", flush=True)
+    if grpc_port:
+        print(f"  gRPC (KServe v2 / Triton): {host}:{grpc_port} (tritonclient.grpc)")
     for m in config.models:
         verb = "generate" if m.batching.kind == "iterative" else "infer"
         note = " (stateful: send sequence_id)" if m.batching.kind == "sequence" else ""

@@ -53,7 +53,7 @@ class TwoTower(VectorTransformer):
         import torch
 
         def tensor(name: str) -> Any:
-            x = np.ascontiguousarray(batch[name], dtype=np.float32).reshape(-1, DIM)
+            x = np.require(batch[name], np.float32, ["C", "W"]).reshape(-1, DIM)
             return torch.from_numpy(x).to(self.device)
 
         return tensor("query"), tensor("doc")
