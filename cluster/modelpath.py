@@ -60,9 +60,9 @@ def import_object(path: str) -> Any:
             raise ConfigError(f"cannot import {path!r}: importing {module_name} needs module "
                               f"{e.name!r}, which is not installed ({e})") from e
         raise ConfigError(
-            f"cannot import {path!r}: no module named {module_name!r} on this Python's path "
-            f"(searched the current folder and {_shown_path()}). Start raybatch in the "
-            "folder that holds it, or list that folder in the config's python_path") from e
+            f"cannot import {path!r}: no module named {module_name!r} in {_shown_path()}. "
+            "Start raybatch in the folder that holds it, or list that folder in the "
+            "config's python_path") from e
     except Exception as e:  # the module itself raised while importing
         raise ConfigError(f"cannot import {path!r}: importing {module_name} raised "
                           f"{type(e).__name__}: {e}") from e
@@ -76,8 +76,11 @@ def import_object(path: str) -> Any:
 
 
 def _shown_path(limit: int = 4) -> str:
-    dirs = [p for p in sys.path if p and "site-packages" not in p and "python3" not in p]
-    return ", ".join(dirs[:limit]) or "nothing else"
+    """The folders a user's module could be in (not the installed packages)."""
+    prefixes = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    dirs = [p for p in sys.path if p and os.path.isdir(p)
+            and not any(os.path.realpath(p).startswith(pre) for pre in prefixes)]
+    return ", ".join(dirs[:limit]) or "no folder of yours"
 
 
 def check_transformer(path: str, kind: str, where: str = "transformer") -> Any:
@@ -95,3 +98,13 @@ def check_transformer(path: str, kind: str, where: str = "transformer") -> Any:
                 f"so it cannot serve a {kind} model; subclass {base} and implement "
                 f"{', '.join(methods)}")
     return target
+
+
+def check_models(config: Any) -> None:
+    """Check every model class of a RaybatchConfig before anything is deployed: its module
+    imports (with the config's python_path, and the current folder, which a local Ray puts
+    on its workers' path too) and its class fits its batching kind."""
+    extend_sys_path([*config.python_path, os.getcwd()])
+    for i, m in enumerate(config.models):
+        check_transformer(m.transformer, m.batching.kind,
+                          where=f"models[{i}] ({m.name}): transformer")

@@ -43,9 +43,11 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve
 
     from cluster.config import load_default
+    from cluster.modelpath import check_models
     from deployments.app import build_app
 
     config = load_default(args.config)
+    check_models(config)  # before Ray starts: a wrong import path fails in a second
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
     node = {} if args.address else local_node_options(args.sysfs_root)
@@ -57,7 +59,13 @@ def up(args: argparse.Namespace) -> int:
                 **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
     print(f"deploying {len(config.models)} models: {', '.join(m.name for m in config.models)}",
           flush=True)
-    serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
+    try:
+        serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
+    except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
+        print(f"raybatch up: the app did not deploy: {deploy_error(str(e))}", flush=True)
+        serve.shutdown()
+        ray.shutdown()
+        return 1
     _print_welcome(config, host, port, grpc_port)
     if args.exit_after_deploy:
         return 0
@@ -70,6 +78,15 @@ def up(args: argparse.Namespace) -> int:
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def deploy_error(text: str) -> str:
+    """The reason in a Serve deploy failure: Raybatch's own error line when it has one
+    (a replica that cannot build its model or does not fit its tensors), else the text."""
+    marks = ("ReplicaSetupError: ", "ConfigError: ")
+    lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in marks
+             if mark in line]
+    return lines[-1] if lines else text
 
 
 def local_node_options(root: str | None) -> dict[str, Any]:
