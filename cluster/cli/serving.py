@@ -63,8 +63,10 @@ def up(args: argparse.Namespace) -> int:
         serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
     except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
         print(f"raybatch up: the app did not deploy: {deploy_error(str(e))}", flush=True)
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete(config.app_name)
+        if not args.address:  # our own Ray: stop it; a joined cluster keeps its other apps
+            serve.shutdown()
+            ray.shutdown()
         return 1
     _print_welcome(config, host, port, grpc_port)
     if args.exit_after_deploy:
@@ -219,8 +221,10 @@ def status(args: argparse.Namespace) -> int:
             where = (f"node {r.get('node_id', '?')[:8]} cpus {r.get('cpus')} "
                      f"numa {_dash(r.get('numa_node'))} "
                      f"{'pinned' if r.get('pinned') else 'unpinned'} gpus {r.get('gpus')}")
+            ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "
+                     f"warm-up {r.get('warmup_s', 0):.2f})" if "ready_s" in r else "")
             print(f"  replica-{r['index']}: {r['state']}, {where}, "
-                  f"{r.get('outstanding_batches', 0)} outstanding")
+                  f"{r.get('outstanding_batches', 0)} outstanding{ready}")
     return 0
 
 
