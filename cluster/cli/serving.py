@@ -62,7 +62,8 @@ def up(args: argparse.Namespace) -> int:
     try:
         serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
     except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
-        print(f"raybatch up: the app did not deploy: {deploy_error(str(e))}", flush=True)
+        reason = deploy_error("\n".join([str(e), *_deployment_messages(config.app_name)]))
+        print(f"raybatch up: the app did not deploy: {reason}", flush=True)
         serve.delete(config.app_name)
         if not args.address:  # our own Ray: stop it; a joined cluster keeps its other apps
             serve.shutdown()
@@ -89,6 +90,19 @@ def deploy_error(text: str) -> str:
     lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in marks
              if mark in line]
     return lines[-1] if lines else text
+
+
+def _deployment_messages(app_name: str) -> list[str]:
+    """What Serve says about each deployment of a failed app (where the reason is)."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception:  # the reason is what matters; without it the summary stands
+        return []
+    if app is None:
+        return []
+    return [app.message, *(d.message for d in app.deployments.values())]
 
 
 def local_node_options(root: str | None) -> dict[str, Any]:
@@ -187,16 +201,22 @@ def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = No
     stateless = [m for m in config.models if m.batching.kind == "dynamic"]
     if stateless:
         first = stateless[0]
-        tensor = first.inputs[0]
-        shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
-        body = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype,
-                                       "shape": shape, "data": [1.0] * math.prod(shape)}]})
+        body = json.dumps({"inputs": [_example_input(t) for t in first.inputs]})
         print(f"  curl -s {base}/v2/models/{first.name}/infer -d '{body}'")
     generative = [m for m in config.models if m.batching.kind == "iterative"]
     if generative:
         body = json.dumps({"text_input": "Once upon a time", "parameters": {"max_tokens": 40}})
         print(f"  curl -sN {base}/v2/models/{generative[0].name}/generate_stream -d '{body}'")
     print("  raybatch status\nStop with Ctrl-C.", flush=True)
+
+
+def _example_input(tensor: Any) -> dict[str, Any]:
+    """One item of `tensor` as OIP JSON: ones, or "hello" for BYTES."""
+    shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
+    value = "hello" if tensor.datatype == "BYTES" else (
+        1.0 if tensor.datatype.startswith("FP") else 1)
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": shape,
+            "data": [value] * math.prod(shape)}
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
