@@ -36,6 +36,7 @@ from pydantic import (
 from batching.dynamic.policy import DynamicPolicy
 from batching.iterative.policy import IterativePolicy
 from batching.sequence.policy import SequencePolicy
+from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
 from cluster.modelpath import ConfigError as ConfigError
@@ -291,6 +292,8 @@ class RaybatchConfig(BaseModel):
     """Folders holding your models' modules, put on sys.path in every Raybatch process
     (relative ones are relative to the config file). On a cluster they must exist on
     every node, e.g. in the image."""
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    """Pods, images and autoscaling of `raybatch render k8s` (`cluster.k8s.settings`)."""
 
     @model_validator(mode="after")
     def _unique(self) -> RaybatchConfig:
