@@ -14,7 +14,13 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc._utils import _get_inference_request
 
-from batching.errors import DeadlineExceeded, QueueFull, RaybatchError
+from batching.errors import (
+    DeadlineExceeded,
+    QueueFull,
+    RaybatchError,
+    SequenceLost,
+    WorkerDied,
+)
 from batching.model import run_batch
 from cluster.config import load_config
 from deployments.grpc import GrpcServicer
@@ -162,6 +168,8 @@ def test_a_bad_request_gets_a_status_code_and_a_message_naming_what_is_wrong(
 @pytest.mark.parametrize("error, code", [
     (QueueFull("queue full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (DeadlineExceeded("too late"), grpc.StatusCode.DEADLINE_EXCEEDED),
+    (WorkerDied("the batching actor failed"), grpc.StatusCode.UNAVAILABLE),
+    (SequenceLost("start it again"), grpc.StatusCode.FAILED_PRECONDITION),
 ])
 def test_engine_errors_map_to_their_grpc_codes(error, code):
     config = load_config(APP_CONFIG).model("square")
