@@ -5,6 +5,8 @@ Never imports Ray: the same objects run inside a Ray actor, in-process
 
 The shared core (this folder)
     types.py      Request, Batch, Part, Failure, FlushReason: the values on the hot path
+    tensors.py    TensorBatch (named tensors sharing the batch dim), Collate (ragged items
+                  padded or listed when a batch is joined), lengths for grouping
     errors.py     the error hierarchy (QueueFull, DeadlineExceeded, ...) and its HTTP codes
     ledger.py     RequestId -> outcome: results matched by id, split requests joined, order kept
     latency.py    the batch-latency model learned online (a + b·cost)
@@ -57,6 +59,7 @@ from batching.sequence.batcher import SequenceBatcher, SequenceRequest
 from batching.sequence.policy import SequencePolicy, SequenceStrategy
 from batching.sequence.stateful import StatefulTransformer, StateStore
 from batching.stats import BatchStats
+from batching.tensors import Collate, Ragged, TensorBatch
 from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "BatchStats",
     "BatchedService",
     "Cancelled",
+    "Collate",
     "DeadlineExceeded",
     "DynamicBatcher",
     "DynamicPolicy",
@@ -85,6 +89,7 @@ __all__ = [
     "Part",
     "QueueFull",
     "QueuePolicy",
+    "Ragged",
     "RaybatchError",
     "Recorder",
     "Request",
@@ -98,6 +103,7 @@ __all__ = [
     "StateStore",
     "StatefulTransformer",
     "StepModel",
+    "TensorBatch",
     "TimeoutAction",
     "UnknownSequence",
     "VectorTransformer",

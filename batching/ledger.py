@@ -1,7 +1,8 @@
 """The request-ID ledger: which request gets which result, and when it is released.
 
 Results are matched by `RequestId` and item offsets, never by position in a
-queue: a batch's results are cut along its `Part`s, a request split across
+queue: a batch's results (a sequence, an array, or a `TensorBatch` of named outputs,
+cut per name) are cut along its `Part`s, a request split across
 batches is joined once all its parts are back (in item order, whatever order
 the batches finished in), and a request ends exactly once: a late part of a
 request that already failed or was cancelled is dropped here, not delivered.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from batching.errors import BatchSizeMismatch
+from batching.tensors import TensorBatch
 from batching.types import Batch, Request, RequestId
 
 
@@ -149,7 +151,7 @@ class Ledger:
 
 
 def _first_failure(chunk: Sequence[Any]) -> BaseException | None:
-    if isinstance(chunk, np.ndarray) and chunk.dtype != object:
+    if isinstance(chunk, TensorBatch) or (isinstance(chunk, np.ndarray) and chunk.dtype != object):
         return None
     for r in chunk:
         if isinstance(r, ItemFailed):
@@ -165,4 +167,6 @@ def _join(rec: _Open) -> Any:
     chunks = [rec.parts[k] for k in sorted(rec.parts)]
     if all(isinstance(c, np.ndarray) for c in chunks):
         return np.concatenate(chunks)
+    if all(isinstance(c, TensorBatch) for c in chunks):
+        return TensorBatch.concatenate(chunks)
     return [r for c in chunks for r in c]

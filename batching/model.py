@@ -9,14 +9,21 @@ first batch, so heavy state (weights, CUDA contexts) is created there.
 The number of results must equal the number of items: anything else fails the
 batch with `BatchSizeMismatch`. To fail one item only, put `ItemFailed(error)`
 in its place.
+
+A model with several named inputs or outputs sees its batch as a dict of arrays
+(`{"query": [B, 16], "doc": [B, 16]}`, every input stacked per name) and returns a
+dict of arrays, one row per item in each; `run_batch` hands the model that dict
+and turns its answer into a `TensorBatch` the ledger cuts per request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from batching.tensors import TensorBatch
 
 
 class VectorTransformer:
@@ -70,9 +77,14 @@ def instantiate(target: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def run_batch(model: Any, items: Any) -> Sequence[Any]:
-    """preprocess → transform → postprocess, with results as a sized sequence."""
+    """preprocess → transform → postprocess, with results as a sized sequence
+    (a `TensorBatch` when the model returns named outputs)."""
+    if isinstance(items, TensorBatch):
+        items = items.as_dict()
     pre = model.preprocess(items)
     out = model.postprocess(pre, model.transform(pre))
+    if isinstance(out, Mapping):
+        return TensorBatch.of(out)
     if not isinstance(out, (list, tuple, np.ndarray)):
         out = list(out)
     return out

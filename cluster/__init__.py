@@ -1,6 +1,8 @@
 """The machine and the cluster: configuration, topology, placement, rendering, the CLI.
 
     config.py     RaybatchConfig: the one YAML file (models, batching, replicas, ingress)
+    modelpath.py  a user's model class: python_path, importing it with errors that say
+                  what to fix, and whether it fits its batching kind
     topology.py   NUMA nodes, cores, SMT siblings, GPUs, cgroup limits, read from sysfs
     affinity.py   the affinity plan: which cores the batcher and each replica get
     pinning.py    a replica pins itself (node-local core allocator, sched_setaffinity)

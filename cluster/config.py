@@ -16,7 +16,6 @@ messages that name the field, the value and the fix.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from pathlib import Path
@@ -39,6 +38,10 @@ from batching.iterative.policy import IterativePolicy
 from batching.sequence.policy import SequencePolicy
 from cluster.k8s.settings import KubernetesConfig
 
+# Re-exported: callers have always found these here.
+from cluster.modelpath import ConfigError as ConfigError
+from cluster.modelpath import import_object as import_object
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BYTES")
@@ -51,8 +54,18 @@ MOVED_MODULES = {
 }
 
 
-class ConfigError(ValueError):
-    """A configuration file or value is invalid; the message says where and how to fix it."""
+class RaggedConfig(BaseModel):
+    """How items of one tensor that differ in length share a batch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["pad", "list"] = "pad"
+    """pad: every item is padded to the batch's longest along `axis` with `pad_value`;
+    list: the model gets this tensor as a list of per-item arrays, unpadded."""
+    axis: int = Field(default=1, ge=1)
+    """The dim that varies (0 is the batch dim); it must be -1 in the tensor's shape."""
+    pad_value: float | int | str = 0
+    """What padding holds (a string for BYTES tensors)."""
 
 
 class TensorConfig(BaseModel):
@@ -64,6 +77,9 @@ class TensorConfig(BaseModel):
     """Open Inference Protocol datatype: FP32, INT64, BYTES ..."""
     shape: tuple[int, ...]
     """Shape with the leading batch dimension; -1 for a variable dimension."""
+    ragged: RaggedConfig | None = None
+    """For an input whose items differ in length (a -1 dim after the batch dim): padded
+    in each batch, or handed over as a list. None: requests in one batch must agree."""
 
     @field_validator("datatype")
     @classmethod
@@ -80,6 +96,19 @@ class TensorConfig(BaseModel):
         if any(d < -1 or d == 0 for d in v):
             raise ValueError(f"shape={list(v)}: dimensions must be -1 or >= 1")
         return v
+
+    @model_validator(mode="after")
+    def _ragged_axis(self) -> TensorConfig:
+        r = self.ragged
+        if r is not None and r.mode == "pad" and (
+                r.axis >= len(self.shape) or self.shape[r.axis] != -1):
+            raise ValueError(f"tensor {self.name!r}: ragged.axis={r.axis} must name a -1 dim "
+                             f"after the batch dim of shape={list(self.shape)}")
+        if r is not None and isinstance(r.pad_value, str) != (self.datatype == "BYTES"):
+            raise ValueError(f"tensor {self.name!r}: ragged.pad_value={r.pad_value!r} must be "
+                             f"{'a string' if self.datatype == 'BYTES' else 'a number'} "
+                             f"for datatype {self.datatype}")
+        return self
 
 
 class ReplicaConfig(BaseModel):
@@ -119,6 +148,32 @@ class ReplicaConfig(BaseModel):
             raise ValueError(f"pin='required' with num_cpus={self.num_cpus}: a pinned replica "
                              f"takes whole cores; raise num_cpus to >= 1 or set pin to 'auto'")
         return self
+
+
+class WarmupConfig(BaseModel):
+    """Batches a replica runs before it reports ready (Triton's model_warmup)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Run the warm-up batches; they also check the model's outputs against `outputs`,
+    so a class that does not match its declared tensors fails before any traffic."""
+    batch_sizes: tuple[int, ...] = ()
+    """Batch sizes to run, in order; empty: 1, then the policy's preferred_batch_sizes."""
+    count: int = Field(default=1, ge=1)
+    """Runs of each batch size."""
+    dims: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    """Per input, the sizes of its -1 dims after the batch dim (default: 1 each)."""
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Per input, one item's value (nested lists, or a string for BYTES), repeated to
+    each batch size; inputs not named get zeros ("warm-up" for BYTES)."""
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(b < 1 for b in v):
+            raise ValueError(f"batch_sizes={list(v)}: every size must be >= 1")
+        return v
 
 
 class BatcherConfig(BaseModel):
@@ -164,6 +219,8 @@ class ModelConfig(BaseModel):
     models, continuous batching of generation steps)."""
     replicas: ReplicaConfig = ReplicaConfig()
     batcher: BatcherConfig = BatcherConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    """Batches each replica runs before it reports ready (dynamic models)."""
 
     @field_validator("name")
     @classmethod
@@ -193,6 +250,20 @@ class ModelConfig(BaseModel):
             raise ValueError(f"tensor names {names} repeat: each must be unique")
         return v
 
+    @model_validator(mode="after")
+    def _model_shape(self) -> ModelConfig:
+        ragged = [t.name for t in self.inputs if t.ragged is not None]
+        if ragged and self.batching.kind != "dynamic":
+            raise ValueError(f"inputs {ragged} are ragged, which only dynamic (stateless) "
+                             f"models support; this one is {self.batching.kind}")
+        names = {t.name for t in self.inputs}
+        for where, keys in (("dims", self.warmup.dims), ("data", self.warmup.data)):
+            unknown = sorted(set(keys) - names)
+            if unknown:
+                raise ValueError(f"warmup.{where} names {unknown}, which are not inputs of "
+                                 f"this model: use {sorted(names)}")
+        return self
+
 
 class IngressConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -207,6 +278,8 @@ class IngressConfig(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     default_timeout_s: float | None = Field(default=None, gt=0)
     """Deadline of a request that names none; None: no deadline."""
+    grpc_port: int | None = Field(default=9000, ge=1, le=65535)
+    """Port of the KServe v2 / Triton gRPC service (Serve's gRPC proxy); None: no gRPC."""
 
 
 class MetricsConfig(BaseModel):
@@ -227,6 +300,10 @@ class RaybatchConfig(BaseModel):
     models: tuple[ModelConfig, ...]
     ingress: IngressConfig = IngressConfig()
     metrics: MetricsConfig = MetricsConfig()
+    python_path: tuple[str, ...] = ()
+    """Folders holding your models' modules, put on sys.path in every Raybatch process
+    (relative ones are relative to the config file). On a cluster they must exist on
+    every node, e.g. in the image."""
     kubernetes: KubernetesConfig = KubernetesConfig()
     """Pods, images and autoscaling of `raybatch render k8s` (`cluster.k8s.settings`)."""
 
@@ -260,12 +337,17 @@ def load_config(source: str | Path | dict) -> RaybatchConfig:
             raise ConfigError(f"{path} is not valid YAML: {e}") from e
         where = str(path)
     try:
-        return RaybatchConfig.model_validate(data)
+        config = RaybatchConfig.model_validate(data)
     except ValidationError as e:
         lines = [f"{where}: {len(e.errors())} invalid setting(s):"]
         for err in e.errors():
             lines.append("  " + describe_error(err))
         raise ConfigError("\n".join(lines)) from None
+    if isinstance(source, dict) or not config.python_path:
+        return config
+    base = Path(source).resolve().parent  # relative folders are relative to the file
+    paths = tuple(str((base / p).resolve()) for p in config.python_path)
+    return config.model_copy(update={"python_path": paths})
 
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "deployments" / "configs" / "demo.yaml"
@@ -293,12 +375,3 @@ def describe_error(err: dict) -> str:
         msg = msg.replace("Input should be", "must be")
         return f"{loc}={value!r}: {msg}"
     return f"{loc}: {msg}"
-
-
-def import_object(path: str) -> Any:
-    """The object named by 'package.module:Name'."""
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"cannot import {path!r}: {e}") from e

@@ -17,13 +17,20 @@ import yaml
 from cluster.config import RaybatchConfig
 
 APP_BUILDER = "deployments.app:app_builder"
+# The KServe v2 / Triton gRPC service (deployments.grpc.SERVICER_FUNCTIONS; named here
+# because cluster/ does not import deployments/).
+GRPC_SERVICER = "deployments.grpc.stubs.add_servicer"
 
 
 def serve_config(config: RaybatchConfig) -> dict[str, Any]:
     """A Serve deploy config (what `ray.serve.schema.ServeDeploySchema` validates)."""
+    grpc = ({"grpc_options": {"port": config.ingress.grpc_port,
+                              "grpc_servicer_functions": [GRPC_SERVICER]}}
+            if config.ingress.grpc_port else {})
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": config.ingress.host, "port": config.ingress.port},
+        **grpc,
         "applications": [{
             "name": config.app_name,
             "route_prefix": config.ingress.route_prefix,

@@ -5,6 +5,9 @@ The runtime, in the order a request meets it
     ingress.py        the Serve ingress: OIP over HTTP (infer, generate, SSE) and the handle API
     route.py          ModelRoute: one model's way in (validation, deadline, shard choice),
                       shared by the ingress and RaybatchClient
+    signature.py      a model's declared tensors: request inputs checked (numpy arrays of the
+                      declared dtypes only), results as every output, ragged joins and
+                      lengths, warm-up batches, the check of a model's answers
     coalesce.py       one loop tick of requests -> one Ray call per batch's worth
     client.py         RaybatchClient: a Python caller straight to the batching actors
     batcher.py        BatcherActor: one per model (or shard), hosts the engine
@@ -12,6 +15,8 @@ The runtime, in the order a request meets it
     generation.py     generations multiplexed: one long poll per batching actor, not per token
     pool.py           ReplicaPool: min..max model replicas, scaling, death and replacement
     replica.py        ModelReplica: one model, one batch at a time, pinned to its cores
+    warmup.py         the batches a replica runs before it reports ready (Triton's
+                      model_warmup), and time to ready
     stateful_replica.py  SequenceReplica / StepReplica: per-sequence state on the replica
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
     metrics.py        every raybatch_* Prometheus series in one table, and what records them
@@ -19,7 +24,9 @@ The runtime, in the order a request meets it
 
 Subpackages
     protocol/         the Open Inference Protocol codec (no HTTP, no Ray)
-    models/           the demo models: square, sleep, mlp, minilm, accumulator, gru, tinylm
+    grpc/             the KServe v2 / Triton GRPCInferenceService through Serve's gRPC proxy
+    models/           the demo models: square, sleep, mlp, minilm, twotower, accumulator,
+                      gru, tinylm
     configs/          demo.yaml, what `raybatch up` deploys by default
 
 Imports point one way: deployments -> cluster -> batching.

@@ -15,25 +15,29 @@ from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from cluster.config import RaybatchConfig, load_default
+from cluster.modelpath import python_path_env
 from deployments.batcher import BatcherActor
 from deployments.ingress import Ingress, batcher_actor_name
 
 
 def build_app(config: RaybatchConfig) -> serve.Application:
+    # The config's python_path reaches every process that imports a model class.
+    env = {"runtime_env": {"env_vars": python_path_env(config.python_path)}} \
+        if config.python_path else {}
     actors = [
         DeploymentActorConfig(
             name=batcher_actor_name(m.name, shard),
             actor_class=BatcherActor,
             init_kwargs={"model_json": m.model_dump_json(), "shard": shard,
                          "metrics_json": config.metrics.model_dump_json()},
-            actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000},
+            actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000, **env},
         )
         for m in config.models
         for shard in range(m.batcher.shards)
     ]
     deployment = Ingress.options(
         num_replicas=config.ingress.num_replicas,
-        ray_actor_options={"num_cpus": config.ingress.num_cpus},
+        ray_actor_options={"num_cpus": config.ingress.num_cpus, **env},
         deployment_actors=actors,
     )
     return deployment.bind(config.model_dump_json())

@@ -16,13 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from batching.dynamic.host import BatchHost
+from batching.dynamic.policy import DynamicPolicy
 from batching.errors import InvalidRequest
 from batching.iterative.host import IterativeHost
 from batching.metrics import NULL_RECORDER, Recorder
 from batching.sequence.batcher import SequenceRequest
 from batching.sequence.host import SequenceHost
 from batching.types import Request
-from cluster.config import ModelConfig, import_object
+from cluster.config import ConfigError, ModelConfig, import_object
+from deployments.signature import Signature
 
 Host = BatchHost | SequenceHost | IterativeHost
 
@@ -44,8 +46,24 @@ def make_host(config: ModelConfig, on_replica_died: Callable[[Any], None],
         count = getattr(import_object(config.transformer), "count_tokens", len)
         return IterativeHost(policy, count_tokens=count, on_replica_died=on_replica_died,
                              recorder=recorder)
-    return BatchHost(policy, max_inflight=inflight, on_replica_died=on_replica_died,
-                     recorder=recorder)
+    return BatchHost(dynamic_policy(config), max_inflight=inflight,
+                     on_replica_died=on_replica_died, recorder=recorder,
+                     collate=Signature(config).collate())
+
+
+def dynamic_policy(config: ModelConfig) -> DynamicPolicy:
+    """The model's DynamicPolicy, with the length of its items when it groups by length
+    (the class's `item_length(items)` if it has one, else from its ragged or BYTES input)."""
+    policy = config.batching
+    if not policy.group_by_length or policy.length_fn is not None:
+        return policy
+    own = getattr(import_object(config.transformer), "item_length", None)
+    length = own or Signature(config).length_fn()
+    if length is None:
+        raise ConfigError(f"model {config.name!r} sets batching.group_by_length but has no "
+                          "ragged or BYTES input to measure: declare the varying input's "
+                          "ragged axis, or give the class a static item_length(items)")
+    return policy.model_copy(update={"length_fn": length})
 
 
 def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> asyncio.Future:

@@ -7,7 +7,10 @@ batch's worth for the least-loaded batching actor. It never batches or queues
 itself: the batching actors do, across all ingress replicas.
 
 Errors map to status codes in one place (`_error_response`), from the
-`http_status` of the exception classes. The protocol codec is
+`http_status` of the exception classes. gRPC (the KServe v2 / Triton
+GRPCInferenceService, through Serve's gRPC proxy) is `deployments.grpc`: the
+ingress inherits the RPC methods Serve calls (`GrpcIngress`) and hands them its
+models. The protocol codec is
 `deployments.protocol.infer`; this module only moves bytes, headers and arrays.
 """
 
@@ -24,6 +27,7 @@ from ray import serve
 
 from batching.errors import RaybatchError, http_status
 from cluster.config import ModelConfig, RaybatchConfig
+from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.metrics import CallerMetrics
 from deployments.protocol import (
     ModelSpec,
@@ -123,13 +127,15 @@ async def _sse(first: dict, rest: Any, wrap: Any) -> Any:
 
 @serve.deployment(max_ongoing_requests=2048)
 @serve.ingress(api)
-class Ingress:
+class Ingress(GrpcIngress):
     async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.config = RaybatchConfig.model_validate_json(config_json)
         timeout = self.config.ingress.default_timeout_s
         metrics = self.config.metrics.enabled
         self.models = {m.name: _Model(m, timeout, metrics) for m in self.config.models}
+        self.grpc_servicer = GrpcServicer(self._model, self.models.values, self._is_ready,
+                                          self._stats, self.config.ingress.max_body_bytes)
         await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
 
     async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -24,9 +25,10 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from batching.loop import ReplicaDied
 from cluster.config import ModelConfig
+from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
 from deployments.metrics import PoolSnapshot
-from deployments.replica import ModelReplica
+from deployments.replica import ModelReplica, ReplicaSetupError
 
 log = logging.getLogger(__name__)
 PENDING_WARN_S = 15.0
@@ -34,6 +36,12 @@ PENDING_WARN_S = 15.0
 
 async def _await(ref: Any) -> Any:
     return await ref
+
+
+def _python_path() -> dict[str, str]:
+    """The config's python_path, passed on to the replicas (see cluster.modelpath)."""
+    value = os.environ.get(PYTHON_PATH_ENV)
+    return {PYTHON_PATH_ENV: value} if value else {}
 
 
 class RayReplicaClient:
@@ -106,7 +114,7 @@ class ReplicaPool:
             "resources": {**r.resources, **numa_resources},
             "max_restarts": 0,
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
-                                         **placement_env, **r.env}},
+                                         **placement_env, **_python_path(), **r.env}},
         }
 
     def _placement(self) -> tuple[dict[str, float], dict[str, str]]:
@@ -138,7 +146,7 @@ class ReplicaPool:
             while True:
                 done, _ = await asyncio.wait([ready], timeout=PENDING_WARN_S)
                 if done:
-                    ready.result()
+                    self._check_ready(index, actor, ready.result())
                     break
                 # Pending is normal while an autoscaler adds a node; silent pending is not.
                 log.warning("%s replica-%d is not placed after %.0f s: it asks for %s; the "
@@ -151,6 +159,16 @@ class ReplicaPool:
         finally:
             self._starting.pop(index, None)
         self.host.add_replica(self._client_class(actor, index))
+
+    def _check_ready(self, index: int, actor: Any, info: dict[str, Any]) -> None:
+        """Fail the start when the replica could not build its model; log time to ready."""
+        if info.get("error"):
+            ray.kill(actor, no_restart=True)
+            raise ReplicaSetupError(f"model {self.config.name!r}: replica-{index} cannot "
+                                    f"serve: {info['error']}")
+        log.info("%s replica-%d ready in %.2f s (setup %.2f s, warm-up %.2f s, batch sizes "
+                 "%s)", self.config.name, index, info.get("ready_s", 0.0),
+                 info.get("setup_s", 0.0), info.get("warmup_s", 0.0), info.get("batch_sizes"))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

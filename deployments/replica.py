@@ -10,24 +10,45 @@ threads, GPU ids) so `raybatch status` shows the truth.
 `torch.set_num_threads` alone left a spinning thread. With `record_metrics`, it
 records each batch's compute time itself (`raybatch_batch_compute_seconds`), so
 the series comes from the node the model runs on.
+
+Before it reports ready, a replica of a dynamic model warms up (Triton's
+model_warmup, `deployments.warmup`): it runs synthesized or configured batches of
+the configured sizes, and checks the model's answers against the declared outputs.
+A replica that cannot build its model or whose model does not fit its tensors does
+not raise from its constructor (Ray would bury the message in a traceback): it
+reports the error in `info()`, and the pool fails the deployment with it, before
+any traffic. Time to ready (setup, warm-up) is reported in `info()` and logged.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
 
 import ray
 
+from batching.errors import RaybatchError
 from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import pin_replica, torch_threads
 from deployments.metrics import ReplicaMetrics
+from deployments.warmup import warm_up
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSetupError(RaybatchError):
+    """A replica could not build its model, or the model does not fit its declared tensors;
+    the message says which and how to fix it."""
+
+    http_status = 503
 
 
 class ModelReplica:
     def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
+        started = time.perf_counter()
         self.config = ModelConfig.model_validate_json(model_json)
         self.index = index
         gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
@@ -35,13 +56,31 @@ class ModelReplica:
         self.placement = pin_replica(self.config.replicas, gpu_ids,
                                      owner=f"{self.config.name} replica-{index}")
         self.device = "cuda" if gpu_ids else "cpu"
-        target = import_object(self.config.transformer)
-        self.model = instantiate(target, (), dict(self.config.init_kwargs))
-        self.model.setup(self.device)
         self._gpu_ids = [str(g) for g in gpu_ids]
         self._node_id = ray.get_runtime_context().get_node_id()
         # After pinning: whatever threads Ray's metrics start run on this replica's cores.
         self._metrics = ReplicaMetrics(self.config) if record_metrics else None
+        self.model: Any = None
+        self.error: str | None = None
+        self.ready: dict[str, Any] = {}
+        try:
+            self._build(started)
+        except Exception as e:  # reported by info(): the pool fails the deploy with it
+            self.error = str(e) if isinstance(e, RaybatchError) else f"{type(e).__name__}: {e}"
+            log.error("%s replica-%d cannot serve: %s", self.config.name, index, self.error)
+
+    def _build(self, started: float) -> None:
+        target = import_object(self.config.transformer)
+        self.model = instantiate(target, (), dict(self.config.init_kwargs))
+        self.model.setup(self.device)
+        setup_s = time.perf_counter() - started
+        warmup = warm_up(self.config, self.model) if self.config.batching.kind == "dynamic" \
+            else {"batch_sizes": [], "warmup_s": 0.0}
+        self.ready = {"setup_s": round(setup_s, 3), **warmup,
+                      "ready_s": round(time.perf_counter() - started, 3)}
+        log.info("%s replica-%d ready in %.2f s (setup %.2f s, warm-up %.2f s: batch sizes %s)",
+                 self.config.name, self.index, self.ready["ready_s"], setup_s,
+                 warmup["warmup_s"], warmup["batch_sizes"])
 
     def run(self, items: Any) -> tuple[Any, float]:
         """One batch: preprocess → transform → postprocess; returns (results, compute_s)."""
@@ -59,8 +98,11 @@ class ModelReplica:
     # Its own thread: `raybatch status` must not wait behind a batch that runs for seconds.
     @ray.method(concurrency_group="control")
     def info(self) -> dict[str, Any]:
+        """Where the replica runs, how long it took to get ready, or why it cannot serve."""
         return {
             "index": self.index,
+            **({"error": self.error} if self.error else {}),
+            **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,
             "cpus": sorted(os.sched_getaffinity(0)),

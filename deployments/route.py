@@ -1,11 +1,13 @@
 """`ModelRoute`: one model's way in, the same in the ingress and in a caller's process.
 
-It checks a request's tensors against the model's config (a clear
-`InvalidRequest` otherwise), applies the default deadline, hands the request to
-the shard with the least outstanding work through that shard's `Coalescer`, and
-shapes the result into the model's declared output. The Serve ingress uses it
-for HTTP and handle calls; `RaybatchClient` uses the very same object in the
-caller's process, talking straight to the batching actors.
+It checks a request's tensors against the model's declared inputs (a clear
+`InvalidRequest` otherwise; `deployments.signature`), applies the default
+deadline, hands the request to the shard with the least outstanding work through
+that shard's `Coalescer`, and shapes the result into the model's declared outputs
+(a multi-tensor model's request carries a `TensorBatch` of every input and gets
+back every output). The Serve ingress uses it for HTTP, gRPC and handle calls;
+`RaybatchClient` uses the very same object in the caller's process, talking
+straight to the batching actors.
 
 Stateful models: a request is one item of one sequence, and every request of a
 sequence goes to the same shard (chosen from its id), where its state is.
@@ -24,19 +26,19 @@ from typing import Any
 import numpy as np
 
 from batching.errors import InvalidRequest
+from batching.tensors import TensorBatch
 from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect, generate_request
 from deployments.metrics import CallerMetrics
-from deployments.protocol.datatypes import NUMPY_DTYPES
+from deployments.signature import Signature
 
 
 class ModelRoute:
     def __init__(self, config: ModelConfig, get_actors: list[Callable[[], Any]],
                  default_timeout_s: float | None = None,
                  metrics: CallerMetrics | None = None) -> None:
-        (self._input,) = config.inputs
-        (self._output,) = config.outputs
+        self.signature = Signature(config)
         self.config = config
         self.kind = config.batching.kind
         self.metrics = metrics
@@ -46,7 +48,6 @@ class ModelRoute:
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
-        self._dtype = NUMPY_DTYPES[self._output.datatype]
 
     def _invalid(self, message: str) -> InvalidRequest:
         """The error of a request this route refuses itself, counted as `invalid` (those
@@ -55,22 +56,16 @@ class ModelRoute:
             self.metrics.count("invalid")
         return InvalidRequest(message)
 
-    def input_array(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        """The request's items: its one input, checked against the model's tensor spec."""
-        tensor = self._input
-        if set(inputs) != {tensor.name}:
-            raise self._invalid(f"model {self.config.name!r} takes exactly one input "
-                                 f"{tensor.name!r}; got {sorted(inputs)}")
-        array = inputs[tensor.name]
-        if not isinstance(array, np.ndarray) or array.ndim != len(tensor.shape):
-            raise self._invalid(f"input {tensor.name!r} must be an array of rank "
-                                 f"{len(tensor.shape)} with shape {list(tensor.shape)}")
-        if len(array) == 0:
-            raise self._invalid(f"input {tensor.name!r} has an empty batch dimension: "
-                                 "send at least one item")
-        return array
+    def input_array(self, inputs: dict[str, np.ndarray]) -> np.ndarray | TensorBatch:
+        """The request's items, checked against the model's inputs (`Signature.items`):
+        its one input's array, or a TensorBatch of all of them."""
+        try:
+            return self.signature.items(inputs)
+        except InvalidRequest as e:
+            raise self._invalid(str(e)) from None
 
-    async def run(self, array: np.ndarray, priority: int | None, timeout_s: float | None,
+    async def run(self, array: np.ndarray | TensorBatch, priority: int | None,
+                  timeout_s: float | None,
                   sequence: tuple[Any, bool, bool] | None = None) -> dict[str, np.ndarray]:
         """Submit one request's items; its outputs, or the error that ended it.
         `sequence`: (sequence_id, start, end), for stateful models."""
@@ -81,15 +76,15 @@ class ModelRoute:
             control = self._control(array, sequence)
             shard = self.shards[shard_of(control[0], len(self.shards))]
             value = await shard.submit(array, priority, timeout_s, control)
-            return {self._output.name: np.asarray([value], dtype=self._dtype)}
+            return self.signature.result(_one_item(value))
         if self.kind == "iterative":
             raise self._invalid(f"model {self.config.name!r} is generative: use generate or "
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
         shard = min(self.shards, key=lambda c: c.outstanding)  # least outstanding work
         value = await shard.submit(array, priority, timeout_s)
-        return {self._output.name: np.asarray(value, dtype=self._dtype)}
+        return self.signature.result(value)
 
-    def _control(self, array: np.ndarray,
+    def _control(self, array: np.ndarray | TensorBatch,
                  sequence: tuple[Any, bool, bool] | None) -> tuple[Any, bool, bool]:
         name = self.config.name
         if sequence is None or sequence[0] in (None, 0, ""):
@@ -140,6 +135,13 @@ class ModelRoute:
                        ) -> dict[str, Any]:
         """A whole generation: {"text_output", "finish_reason", "num_tokens", ...}."""
         return await collect(self.generate_stream(prompt, params))
+
+
+def _one_item(value: Any) -> Any:
+    """A sequence step's result as a batch of one item (per output, for named outputs)."""
+    if isinstance(value, dict):
+        return {name: np.asarray(v)[None] for name, v in value.items()}
+    return [value]
 
 
 def shard_of(sequence_id: int | str, shards: int) -> int:

@@ -59,6 +59,7 @@ class App:
     config: Any  # the RaybatchConfig it was built from
     gate: Path  # while this file exists, the `gated` model holds its batch
     gcs_address: str
+    grpc_port: int = 0  # Serve's gRPC proxy with the KServe v2 / Triton service
 
     def stats(self, model: str) -> dict[str, Any]:
         """The batching actor's statistics of `model` (through the ingress)."""
@@ -116,16 +117,18 @@ def app(ray_address, tmp_path_factory) -> App:
     """The shared app, deployed once on 127.0.0.1 at a free port."""
     from ray import serve
 
+    from cluster.cli.serving import grpc_options
     from deployments.app import build_app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port, grpc_port = free_port(), free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                grpc_options=grpc_options(grpc_port))
     gate = tmp_path_factory.mktemp("gate") / "closed"
     config = load_test_config(gate)
     handle = serve.run(build_app(config), name=config.app_name,
                        route_prefix=config.ingress.route_prefix)
     yield App(config.app_name, f"http://127.0.0.1:{port}", port, handle, config, gate,
-              ray_address)
+              ray_address, grpc_port)
     serve.shutdown()
 
 

@@ -6,6 +6,9 @@
 - `Gated`: y = x + 1, but a batch waits while the gate file exists, so a test
   decides when the replica is busy (queue-full and deadline tests) without
   guessing how long to sleep.
+- `TokenStats`: ragged token ids (padded with -1 by the batcher) and a weight per
+  item in; each item's own length, weighted sum and the batch's padded length out,
+  so a test sees both that padding happened and that it never leaked into a result.
 """
 
 from __future__ import annotations
@@ -49,3 +52,15 @@ class Gated(VectorTransformer):
         while os.path.exists(self.gate_path) and time.monotonic() < give_up:
             time.sleep(0.005)
         return xs + 1
+
+
+class TokenStats(VectorTransformer):
+    """{"ids": INT64 [B, L] padded with -1, "weight": FP32 [B]} →
+    {"length": INT64 [B], "total": FP32 [B], "padded_to": INT64 [B]}."""
+
+    def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids, weight = batch["ids"], batch["weight"]
+        real = ids != -1
+        return {"length": real.sum(axis=1),
+                "total": np.where(real, ids, 0).sum(axis=1).astype(np.float32) * weight,
+                "padded_to": np.full(len(ids), ids.shape[1], dtype=np.int64)}

@@ -16,7 +16,9 @@ level's `timeout_action=delay`. When to send, checked in this order:
              `adaptive_delay`, waiting for one more request would miss its target).
 Expired requests are failed (or delayed) before anything is formed, so nothing
 expired reaches a replica. A request that does not fit is split: the batch
-takes what fits and the rest stays at the head of its queue.
+takes what fits and the rest stays at the head of its queue. With
+`group_by_length` a batch starts with the same request and takes the queued
+requests nearest to it in length as its batch-mates (`grouping.by_length`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 
+from batching.dynamic.grouping import by_length
 from batching.dynamic.policy import DynamicPolicy, TimeoutAction
-from batching.dynamic.queues import Entry, LevelQueue
+from batching.dynamic.queues import Entry, LevelQueue, cumulative_costs
 from batching.errors import DeadlineExceeded, InvalidRequest, QueueFull
 from batching.latency import LatencyModel
 from batching.metrics import LevelDepth
@@ -70,6 +74,10 @@ class DynamicBatcher:
         self._last_arrival_s: float | None = None
         self._interarrival_s = math.inf
         self._request_cost = 1.0
+        self._length_fn = policy.length_fn if policy.group_by_length else None
+        if policy.group_by_length and self._length_fn is None:
+            raise ValueError("group_by_length=True needs a length_fn (the length of a "
+                             "request's items), or a model that declares a ragged input")
 
     # -- state the host may read --------------------------------------------------------
     @property
@@ -108,9 +116,11 @@ class DynamicBatcher:
                 f"priority level {level} already holds {queue.count} requests "
                 f"(max_queue_size={max_size}): retry later"
             )
-        cum_cost = self._cum_cost(request)
+        cum_cost = cumulative_costs(request, self.policy.cost_fn, self._max_cost)
         entry = Entry(request, level, now, now + self._timeout_of(request, level),
                       next(self._seq), cum_cost)
+        if self._length_fn is not None:
+            entry.length = float(self._length_fn(request.items))
         queue.push(entry)
         queue.items += request.num_items
         self._queued[request.id] = entry
@@ -208,9 +218,13 @@ class DynamicBatcher:
         parts: list[Part] = []
         room_items, room_cost, batch_cost = target_items, self._max_cost, 0.0
         for queue in self._levels:
-            while room_items > 0 and (entry := queue.head()) is not None:
+            for entry in self._service_order(queue):
+                if room_items <= 0:
+                    break
                 take = entry.fit(room_items, room_cost)
                 if take == 0:
+                    if self._length_fn is not None:
+                        continue  # grouped: a nearer-length request may still fit
                     break  # the next item does not fit the cost left; never skip ahead of it
                 start = entry.offset
                 cost = entry.cost(start, start + take)
@@ -223,10 +237,9 @@ class DynamicBatcher:
                 self._items -= take
                 self._cost -= cost
                 if entry.remaining_items:
-                    break  # out of room: the rest of this request waits at the head
-                queue.pop_head()
+                    break  # out of room: the rest of this request waits in its place
                 queue.count -= 1
-                entry.removed = True
+                entry.removed = True  # the heap drops it lazily
                 del self._queued[entry.request.id]
             if queue.head() is not None:
                 break  # this level still has requests, so the batch is full
@@ -241,6 +254,15 @@ class DynamicBatcher:
         self._inflight[batch.id] = batch
         self.stats.record(batch)
         return batch
+
+    def _service_order(self, queue: LevelQueue) -> Iterator[Entry]:
+        """The entries a batch takes from `queue`, in order: the head, again and again,
+        or grouped by length (the head first, then its nearest lengths)."""
+        if self._length_fn is not None:
+            yield from by_length(queue, self.policy.length_window)
+            return
+        while (entry := queue.head()) is not None:
+            yield entry
 
     # -- when to send -------------------------------------------------------------------
     def _batch_cost_now(self) -> float:
@@ -312,19 +334,3 @@ class DynamicBatcher:
             if override:
                 timeout = min(timeout, request.timeout_s)
         return timeout
-
-    def _cum_cost(self, request: Request) -> list[float] | None:
-        fn = self.policy.cost_fn
-        if fn is None:
-            return None
-        cum = [0.0]
-        for i, item in enumerate(request.items):
-            c = float(fn(item))
-            if not c >= 0 or c > self._max_cost:
-                raise InvalidRequest(
-                    f"item {i} of request {request.id!r} costs {c}: item costs must lie in "
-                    f"[0, max_batch_cost={self._max_cost}]; split the item or raise max_batch_cost"
-                )
-            cum.append(cum[-1] + c)
-        return cum
-

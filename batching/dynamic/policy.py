@@ -75,6 +75,15 @@ class DynamicPolicy(BaseModel):
     """Wait as long as each request's latency target allows, by a learned latency model."""
     target_latency_s: float | None = Field(default=None, gt=0)
     """End-to-end latency a request without its own deadline should get (adaptive delay)."""
+    group_by_length: bool = False
+    """Batch items of similar length together (ragged models, where a batch is padded to
+    its longest item): a batch starts with the request next in line, then takes the
+    queued requests nearest to it in length. Off: strict priority/deadline/arrival order."""
+    length_window: int = Field(default=1024, ge=1)
+    """Queued requests of a priority level looked at when grouping by length."""
+    length_fn: Callable[[Any], float] | None = Field(default=None, exclude=True)
+    """Length of a request's items (tokens, characters); on Ray, taken from the model's
+    ragged or BYTES input when not given."""
 
     @field_validator("preferred_batch_sizes")
     @classmethod

@@ -14,8 +14,11 @@ import heapq
 import math
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from batching.errors import InvalidRequest
 from batching.types import Request
 
 
@@ -32,6 +35,7 @@ class Entry:
     offset: int = 0  # first item not yet dispatched
     delayed: bool = False
     removed: bool = False
+    length: float = 0.0  # the items' length (tokens...), when the policy groups by length
 
     @property
     def remaining_items(self) -> int:
@@ -78,13 +82,6 @@ class LevelQueue:
             delayed.popleft()
         return delayed[0] if delayed else None
 
-    def pop_head(self) -> None:
-        """Drop the entry `head()` returned (it was fully dispatched)."""
-        if self.live:
-            heapq.heappop(self.live)
-        else:
-            self.delayed.popleft()
-
     def earliest_deadline(self) -> float:
         live = self.live
         while live and live[0][2].removed:
@@ -100,3 +97,21 @@ class LevelQueue:
             if not entry.removed:
                 out.append(entry)
         return out
+
+
+def cumulative_costs(request: Request, cost_fn: Callable[[Any], float] | None,
+                     max_cost: float) -> list[float] | None:
+    """Prefix sums of the request's item costs (None without a cost_fn); an item costing
+    less than 0 or more than a whole batch may is refused with InvalidRequest."""
+    if cost_fn is None:
+        return None
+    cum = [0.0]
+    for i, item in enumerate(request.items):
+        c = float(cost_fn(item))
+        if not c >= 0 or c > max_cost:
+            raise InvalidRequest(
+                f"item {i} of request {request.id!r} costs {c}: item costs must lie in "
+                f"[0, max_batch_cost={max_cost}]; split the item or raise max_batch_cost"
+            )
+        cum.append(cum[-1] + c)
+    return cum

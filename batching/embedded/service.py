@@ -19,6 +19,7 @@ from batching.dynamic.host import BatchHost
 from batching.dynamic.policy import DynamicPolicy
 from batching.embedded.runners import ProcessRunner, ThreadRunner
 from batching.errors import ServiceClosed, WorkerDied
+from batching.tensors import join_items
 from batching.types import Request
 
 
@@ -42,6 +43,7 @@ class BatchedService:
         env: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         start_timeout_s: float = 120.0,
+        collate: Callable[[list[Any]], Any] = join_items,
     ) -> None:
         if max_inflight_batches < 1:
             raise ValueError(f"max_inflight_batches={max_inflight_batches} must be >= 1")
@@ -55,6 +57,7 @@ class BatchedService:
         self._max_inflight = max_inflight_batches
         self._clock = clock
         self._start_timeout_s = start_timeout_s
+        self._collate = collate  # how a batch's pieces join (batching.tensors.Collate)
         self._ids = itertools.count()
         self._host: BatchHost | None = None
         self._closed_reason = "the service is not started: use `async with` or await start()"
@@ -62,7 +65,8 @@ class BatchedService:
     async def start(self) -> BatchedService:
         if self._host is not None:
             raise RuntimeError("a BatchedService can start only once")
-        self._host = BatchHost(self.policy, max_inflight=self._max_inflight, clock=self._clock)
+        self._host = BatchHost(self.policy, max_inflight=self._max_inflight, clock=self._clock,
+                               collate=self._collate)
         await self._runner.start(self._start_timeout_s)
         self._host.add_replica(self._runner)
         return self

@@ -23,9 +23,12 @@ def _lazy(target: str):
 
 def _build(args: argparse.Namespace) -> int:
     from cluster.config import load_default
+    from cluster.modelpath import check_models
     from cluster.render import serve_config_yaml
 
-    text = serve_config_yaml(load_default(args.config))
+    config = load_default(args.config)
+    check_models(config)  # a wrong import path fails here, not when the file is deployed
+    text = serve_config_yaml(config)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
@@ -94,8 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cluster.modelpath import ConfigError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as e:  # the message says what to fix; a traceback would bury it
+        print(f"raybatch {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

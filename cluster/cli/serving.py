@@ -28,6 +28,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                                       "`raybatch join`)")
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
+    p.add_argument("--grpc-port", type=int,
+                   help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--metrics-port", type=int,
                    help="port of the local Ray's Prometheus metrics, raybatch_* included "
@@ -44,9 +46,11 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve
 
     from cluster.config import load_default
+    from cluster.modelpath import check_models
     from deployments.app import build_app
 
     config = load_default(args.config)
+    check_models(config)  # before Ray starts: a wrong import path fails in a second
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
     node = {} if args.address else local_node_options(args.sysfs_root)
@@ -55,11 +59,22 @@ def up(args: argparse.Namespace) -> int:
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node,
              runtime_env={"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED":
                                        os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")}})
-    serve.start(http_options={"host": host, "port": port})
+    grpc_port = args.grpc_port or ingress.grpc_port
+    serve.start(http_options={"host": host, "port": port},
+                **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
     print(f"deploying {len(config.models)} models: {', '.join(m.name for m in config.models)}",
           flush=True)
-    serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
-    _print_welcome(config, host, port)
+    try:
+        serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
+    except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
+        reason = deploy_error("\n".join([str(e), *_deployment_messages(config.app_name)]))
+        print(f"raybatch up: the app did not deploy: {reason}", flush=True)
+        serve.delete(config.app_name)
+        if not args.address:  # our own Ray: stop it; a joined cluster keeps its other apps
+            serve.shutdown()
+            ray.shutdown()
+        return 1
+    _print_welcome(config, host, port, grpc_port)
     _print_metrics(config)
     if args.exit_after_deploy:
         return 0
@@ -72,6 +87,28 @@ def up(args: argparse.Namespace) -> int:
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def deploy_error(text: str) -> str:
+    """The reason in a Serve deploy failure: Raybatch's own error line when it has one
+    (a replica that cannot build its model or does not fit its tensors), else the text."""
+    marks = ("ReplicaSetupError: ", "ConfigError: ")
+    lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in marks
+             if mark in line]
+    return lines[-1] if lines else text
+
+
+def _deployment_messages(app_name: str) -> list[str]:
+    """What Serve says about each deployment of a failed app (where the reason is)."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(app_name)
+    except Exception:  # the reason is what matters; without it the summary stands
+        return []
+    if app is None:
+        return []
+    return [app.message, *(d.message for d in app.deployments.values())]
 
 
 def local_node_options(root: str | None) -> dict[str, Any]:
@@ -164,9 +201,18 @@ def _print_metrics(config: Any) -> None:
               flush=True)
 
 
-def _print_welcome(config: Any, host: str, port: int) -> None:
+def grpc_options(port: int) -> dict[str, Any]:
+    """Serve's gRPC proxy with the KServe v2 / Triton service (deployments.grpc)."""
+    from deployments.grpc import SERVICER_FUNCTIONS
+
+    return {"port": port, "grpc_servicer_functions": SERVICER_FUNCTIONS}
+
+
+def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = None) -> None:
     base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
     print(f"\nRaybatch is serving at {base}", flush=True)
+    if grpc_port:
+        print(f"  gRPC (KServe v2 / Triton): {host}:{grpc_port} (tritonclient.grpc)")
     for m in config.models:
         verb = "generate" if m.batching.kind == "iterative" else "infer"
         note = " (stateful: send sequence_id)" if m.batching.kind == "sequence" else ""
@@ -175,16 +221,22 @@ def _print_welcome(config: Any, host: str, port: int) -> None:
     stateless = [m for m in config.models if m.batching.kind == "dynamic"]
     if stateless:
         first = stateless[0]
-        tensor = first.inputs[0]
-        shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
-        body = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype,
-                                       "shape": shape, "data": [1.0] * math.prod(shape)}]})
+        body = json.dumps({"inputs": [_example_input(t) for t in first.inputs]})
         print(f"  curl -s {base}/v2/models/{first.name}/infer -d '{body}'")
     generative = [m for m in config.models if m.batching.kind == "iterative"]
     if generative:
         body = json.dumps({"text_input": "Once upon a time", "parameters": {"max_tokens": 40}})
         print(f"  curl -sN {base}/v2/models/{generative[0].name}/generate_stream -d '{body}'")
     print("  raybatch status\nStop with Ctrl-C.", flush=True)
+
+
+def _example_input(tensor: Any) -> dict[str, Any]:
+    """One item of `tensor` as OIP JSON: ones, or "hello" for BYTES."""
+    shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
+    value = "hello" if tensor.datatype == "BYTES" else (
+        1.0 if tensor.datatype.startswith("FP") else 1)
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": shape,
+            "data": [value] * math.prod(shape)}
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
@@ -220,8 +272,10 @@ def status(args: argparse.Namespace) -> int:
             where = (f"node {r.get('node_id', '?')[:8]} cpus {r.get('cpus')} "
                      f"numa {_dash(r.get('numa_node'))} "
                      f"{'pinned' if r.get('pinned') else 'unpinned'} gpus {r.get('gpus')}")
+            ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "
+                     f"warm-up {r.get('warmup_s', 0):.2f})" if "ready_s" in r else "")
             print(f"  replica-{r['index']}: {r['state']}, {where}, "
-                  f"{r.get('outstanding_batches', 0)} outstanding")
+                  f"{r.get('outstanding_batches', 0)} outstanding{ready}")
     return 0
 
 

@@ -7,12 +7,15 @@ downloaded. Configs name them as `deployments.models:<Class>`.
     stateful.py   Accumulator (Triton's simple_sequence) and GRU: stateful, sequence batching
     tinylm.py     TinyLM: a tiny decoder trained at start on tinylm_corpus.txt, for
                   continuous batching (generate / generate_stream)
+    twotower.py   TwoTower: a seeded two-tower scorer with 2 inputs and 3 outputs (one of
+                  them BYTES), the multi-tensor demo
 """
 
 from deployments.models.minilm import MiniLM
 from deployments.models.simple import MLP, Sleep, Square, set_torch_threads
 from deployments.models.stateful import GRU, Accumulator
 from deployments.models.tinylm import TinyLM
+from deployments.models.twotower import TwoTower
 
-__all__ = ["GRU", "MLP", "Accumulator", "MiniLM", "Sleep", "Square", "TinyLM",
+__all__ = ["GRU", "MLP", "Accumulator", "MiniLM", "Sleep", "Square", "TinyLM", "TwoTower",
            "set_torch_threads"]

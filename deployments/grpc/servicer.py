@@ -1,0 +1,162 @@
+"""`GrpcServicer`: the GRPCInferenceService's calls over the ingress's models.
+
+One coroutine per RPC, each a few lines over the same `ModelRoute` the HTTP and
+handle paths use: decode (`codec`), run, encode. Errors never escape as
+exceptions: a call that fails sets its gRPC status code and details on the
+context (`status.grpc_status`) and returns an empty response, which Serve's
+proxy passes on as the call's status (an exception would reach the client as
+INTERNAL with a traceback).
+
+`GrpcIngress` is what Serve's gRPC proxy needs of the ingress deployment: a
+method named after each RPC, taking the request proto and `grpc_context`. The
+ingress sets `grpc_servicer` and inherits these.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from batching.errors import RaybatchError
+from cluster.config import ModelConfig
+from deployments.grpc import messages
+from deployments.grpc.codec import check_outputs, read_infer_request, write_infer_response
+from deployments.grpc.status import grpc_status
+from deployments.grpc.stubs import service_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+class ServedModel(Protocol):
+    """What the servicer needs of one model of the ingress."""
+
+    config: ModelConfig
+    route: Any  # deployments.route.ModelRoute
+
+
+class GrpcServicer:
+    def __init__(self, get_model: Callable[[str, str | None], ServedModel],
+                 models: Callable[[], Iterable[ServedModel]],
+                 is_ready: Callable[[ServedModel], Awaitable[bool]],
+                 stats: Callable[[ServedModel], Awaitable[dict[str, Any]]],
+                 max_bytes: int, server: tuple[str, str] = ("raybatch", "0.1.0")) -> None:
+        self._get = get_model
+        self._models = models
+        self._is_ready = is_ready
+        self._stats = stats
+        self._max_bytes = max_bytes
+        self._server = server
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        async def ready() -> pb.ServerReadyResponse:
+            states = [await self._is_ready(m) for m in self._models()]
+            return pb.ServerReadyResponse(ready=all(states))
+        return await _guard(context, pb.ServerReadyResponse, ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> pb.ModelReadyResponse:
+        async def ready() -> pb.ModelReadyResponse:
+            try:
+                model = self._get(request.name, request.version or None)
+            except RaybatchError:  # an unknown model is not ready (as Triton answers)
+                return pb.ModelReadyResponse(ready=False)
+            return pb.ModelReadyResponse(ready=await self._is_ready(model))
+        return await _guard(context, pb.ModelReadyResponse, ready)
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return messages.server_metadata(*self._server)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> pb.ModelMetadataResponse:
+        async def metadata() -> pb.ModelMetadataResponse:
+            return messages.model_metadata(self._get(request.name, request.version or None)
+                                           .config)
+        return await _guard(context, pb.ModelMetadataResponse, metadata)
+
+    async def ModelConfig(self, request: Any, context: Any) -> pb.ModelConfigResponse:
+        async def config() -> pb.ModelConfigResponse:
+            return messages.model_config(self._get(request.name, request.version or None)
+                                         .config)
+        return await _guard(context, pb.ModelConfigResponse, config)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> pb.ModelStatisticsResponse:
+        async def statistics() -> pb.ModelStatisticsResponse:
+            models = ([self._get(request.name, request.version or None)] if request.name
+                      else list(self._models()))
+            return pb.ModelStatisticsResponse(model_stats=[
+                messages.model_statistics(m.config, await self._stats(m)) for m in models])
+        return await _guard(context, pb.ModelStatisticsResponse, statistics)
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
+        async def index() -> pb.RepositoryIndexResponse:
+            out = pb.RepositoryIndexResponse()
+            for m in self._models():
+                ready = await self._is_ready(m)
+                out.models.add(name=m.config.name, version=m.config.version,
+                               state="READY" if ready else "UNAVAILABLE")
+            return out
+        return await _guard(context, pb.RepositoryIndexResponse, index)
+
+    async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        async def infer() -> pb.ModelInferResponse:
+            model = self._get(request.model_name, request.model_version or None)
+            config, route = model.config, model.route
+            inputs = {t.name: t for t in config.inputs}
+            outputs = {t.name: t for t in config.outputs}
+            req = read_infer_request(request, inputs, config.name, self._max_bytes)
+            check_outputs(req.outputs_requested, outputs, config.name)
+            sequence = (None if req.sequence_id is None
+                        else (req.sequence_id, req.sequence_start, req.sequence_end))
+            result = await route.run(route.input_array(req.inputs), req.priority,
+                                     req.timeout_s, sequence)
+            return write_infer_response(pb.ModelInferResponse(), config.name, config.version,
+                                        req.id, result, req.outputs_requested)
+        return await _guard(context, pb.ModelInferResponse, infer)
+
+
+async def _guard(context: Any, empty: type, call: Callable[[], Awaitable[Any]]) -> Any:
+    """`call()`'s response, or `empty()` with the error's status code set on `context`."""
+    try:
+        return await call()
+    except Exception as e:
+        code, details = grpc_status(e)
+        if not isinstance(e, RaybatchError):
+            log.exception("gRPC call failed")
+        context.set_code(code)
+        context.set_details(details)
+        return empty()
+
+
+class GrpcIngress:
+    """The RPCs as Serve's gRPC proxy calls them on the ingress (method name = RPC name;
+    Serve hands `grpc_context` to a method that has a parameter of that name)."""
+
+    grpc_servicer: GrpcServicer
+
+    async def ServerLive(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ServerLive(request, grpc_context)
+
+    async def ServerReady(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ServerReady(request, grpc_context)
+
+    async def ModelReady(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ModelReady(request, grpc_context)
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ServerMetadata(request, grpc_context)
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ModelMetadata(request, grpc_context)
+
+    async def ModelConfig(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ModelConfig(request, grpc_context)
+
+    async def ModelStatistics(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ModelStatistics(request, grpc_context)
+
+    async def RepositoryIndex(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.RepositoryIndex(request, grpc_context)
+
+    async def ModelInfer(self, request: Any, grpc_context: Any) -> Any:
+        return await self.grpc_servicer.ModelInfer(request, grpc_context)
