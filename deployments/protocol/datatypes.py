@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from batching.errors import InvalidRequest, ModelError
+from deployments.protocol.limits import shown
 
 # OIP datatype → numpy dtype, little-endian as the binary extension requires.
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -34,6 +35,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 SUPPORTED = ", ".join(NUMPY_DTYPES)
 _BY_NUMPY = {dt: name for name, dt in NUMPY_DTYPES.items() if name != "BYTES"}
 
+
 def check_datatype(datatype: Any, where: str) -> str:
     """Return `datatype` if Raybatch speaks it, else raise `InvalidRequest` saying why.
 
@@ -45,8 +47,10 @@ def check_datatype(datatype: Any, where: str) -> str:
             f"{where} has datatype BF16, which Raybatch does not support "
             "(numpy has no bfloat16); send it as FP32 or FP16"
         )
-    if datatype not in NUMPY_DTYPES:
-        raise InvalidRequest(f"{where} has unknown datatype {datatype!r}; use one of {SUPPORTED}")
+    if not isinstance(datatype, str) or datatype not in NUMPY_DTYPES:
+        raise InvalidRequest(
+            f"{where} has unknown datatype {shown(datatype)}; use one of {SUPPORTED}"
+        )
     return datatype
 
 
@@ -65,3 +69,9 @@ def datatype_of(array: np.ndarray) -> str:
             f"Open Inference Protocol datatype; return one of {SUPPORTED}"
         )
     return name
+
+
+def as_bytes_list(array: np.ndarray) -> list[bytes]:
+    """A BYTES tensor's elements, flat: bytes as they are, anything else as its str in
+    UTF-8 (like tritonclient's `serialize_byte_tensor`)."""
+    return [x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel().tolist()]
