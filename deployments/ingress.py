@@ -8,7 +8,7 @@ itself: the batching actors do, across all ingress replicas.
 
 HTTP is `deployments.http.OipApp`, a raw ASGI app, handed to Serve at replica start
 (`__serve_build_asgi_app__`) and mounted on the direct-ingress fast path
-(`deployments.http.mount`); `ServeBackend` is what it runs requests on. Errors map to
+(`deployments.http.fastpath`); `ServeBackend` is what it runs requests on. Errors map to
 status codes in one place, `deployments.http.errors.error_parts`.
 """
 
@@ -161,7 +161,7 @@ class Ingress:
 
     async def __serve_build_asgi_app__(self) -> OipApp:
         """Serve's HTTP app for this replica, built once the models are ready; also
-        mounted on the direct-ingress fast path (`deployments.http.mount`)."""
+        mounted on the direct-ingress fast path (`deployments.http.fastpath`)."""
         ingress = self.config.ingress
         self.http = OipApp(self.backend, HttpLimits.from_config(ingress))
         mount(self.http, ingress.route_prefix)

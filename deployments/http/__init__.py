@@ -1,7 +1,7 @@
 """The HTTP front door: the Open Inference Protocol as a raw ASGI app (no framework, no Ray).
 
 In the order a request meets it
-    mount.py      the fast path: a Serve direct-ingress middleware that hands OIP routes
+    fastpath.py   the fast path: a Serve direct-ingress middleware that hands OIP routes
                   to the app before Serve's per-request wrapper; FAST_PATH_ENV
     app.py        OipApp: drain/in-flight gate, header limits, route, handler, reply,
                   response counts; lifespan; Call (what a handler sees)
@@ -22,8 +22,8 @@ Parsing and encoding live in `deployments.protocol`; running, behind `Backend`.
 from deployments.http.app import OipApp
 from deployments.http.backend import Backend, ModelEntry
 from deployments.http.errors import UnknownModel
+from deployments.http.fastpath import CALLBACK, FAST_PATH_ENV, mount, unmount
 from deployments.http.limits import HttpLimits
-from deployments.http.mount import CALLBACK, FAST_PATH_ENV, mount, unmount
 
 __all__ = [
     "CALLBACK",

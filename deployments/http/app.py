@@ -10,7 +10,7 @@ closes the connection (that rest must not be read as the next request).
 
 Mounted two ways, the same object: as the Serve ingress's ASGI app
 (`@serve.ingress`), or in front of Serve's per-request wrapper as a direct-ingress
-middleware (`deployments.http.mount`). The second skips Serve's queueing and
+middleware (`deployments.http.fastpath`). The second skips Serve's queueing and
 `max_ongoing_requests`, so the app keeps its own bound on requests in flight, a
 draining flag, and response counts for the metrics to read.
 """

@@ -93,25 +93,31 @@ async def generate_stream(call: Any) -> EventStream:
     model = call.model()
     request_id, text, params = parse_generate_body(await call.body())
     slot = call.app.stream_slot(call.client)  # 429 past the client's limit
-    events = call.backend.generate_stream(model, text, params)
+    events = None
     try:  # errors before the first event are a proper 4xx/5xx, not an SSE event
+        events = call.backend.generate_stream(model, text, params)
         first = await events.__anext__()
     except BaseException:
-        await events.aclose()  # type: ignore[attr-defined]
         slot.release()
+        if events is not None:
+            await events.aclose()  # type: ignore[attr-defined]
         raise
     wrap = _wrapper(model.name, model.version, request_id)
-    return EventStream(_sse(first, events, wrap, slot))
+
+    async def close() -> None:
+        slot.release()
+        await events.aclose()  # type: ignore[attr-defined]
+
+    return EventStream(_sse(first, events, wrap), close)
 
 
 def _wrapper(name: str, version: str, request_id: str | None) -> Callable[[dict], bytes]:
     return lambda event: sse_event(generate_response(name, version, request_id, event))
 
 
-async def _sse(first: dict, rest: Any, wrap: Callable[[dict], bytes],
-               slot: Any) -> AsyncIterator[bytes]:
+async def _sse(first: dict, rest: Any, wrap: Callable[[dict], bytes]) -> AsyncIterator[bytes]:
     """The events, encoded; an error after the start is an `{"error"}` event (the 200
-    is already sent). Closing this closes the generation, which cancels it."""
+    is already sent)."""
     try:
         yield wrap(first)
         async for event in rest:
@@ -120,9 +126,6 @@ async def _sse(first: dict, rest: Any, wrap: Callable[[dict], bytes],
         status, body, _ = error_parts(e)
         log_error(e, status, "POST", "a generate_stream, after its first event")
         yield b"data: " + body + b"\n\n"
-    finally:
-        slot.release()
-        await rest.aclose()
 
 
 def _model_routes(method: str, suffix: str, handler: Callable[..., Any]) -> list[Route]:

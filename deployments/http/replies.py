@@ -13,7 +13,7 @@ it) at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +34,11 @@ class Reply:
 
 @dataclass(slots=True)
 class EventStream:
-    """Encoded SSE events; the first was already produced (errors before it are 4xx)."""
+    """Encoded SSE events (the first already produced: errors before it are 4xx), and
+    what ends the generation behind them; `send_stream` calls `close` exactly once."""
 
     events: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
 
 
 def json_reply(doc: Any, status: int = 200) -> Reply:
@@ -71,27 +73,27 @@ async def send_reply(send: Any, reply: Reply, close: bool, zero_copy: bool) -> N
 
 
 async def send_stream(send: Any, receive: Any, stream: EventStream) -> bool:
-    """Send `stream` as SSE; False if the client hung up before the end (the
-    generation is then closed, which cancels it)."""
-    await send({"type": "http.response.start", "status": 200, "headers": EVENT_STREAM})
-    pump = asyncio.ensure_future(_pump(send, stream.events))
-    gone = asyncio.ensure_future(_until_disconnect(receive))
+    """Send `stream` as SSE; False if the client hung up before the end. Either way the
+    stream is closed, which ends (cancels) the generation if it is still running."""
     try:
-        await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when this task is cancelled (Serve cancels it on a hang-up)
-        pump.cancel()
-        gone.cancel()
-        await asyncio.gather(pump, gone, return_exceptions=True)
-    return not pump.cancelled() and pump.exception() is None
+        await send({"type": "http.response.start", "status": 200, "headers": EVENT_STREAM})
+        pump = asyncio.ensure_future(_pump(send, stream.events))
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait((pump, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when this task is cancelled (Serve cancels it on a hang-up)
+            pump.cancel()
+            gone.cancel()
+            await asyncio.gather(pump, gone, return_exceptions=True)
+        return not pump.cancelled() and pump.exception() is None
+    finally:
+        await stream.close()
 
 
 async def _pump(send: Any, events: AsyncIterator[bytes]) -> None:
-    try:
-        async for event in events:
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+    async for event in events:
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _until_disconnect(receive: Any) -> None:

@@ -98,11 +98,11 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
 
 def _floats(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> np.ndarray:
     if target.itemsize < 8 and parsed.size:
-        largest = float(np.abs(parsed).max())
-        if largest > np.finfo(target).max:
+        largest, limit = float(np.abs(parsed).max()), float(np.finfo(target).max)
+        if largest > limit:
             raise InvalidRequest(
                 f"{where}: 'data' holds {largest:g}, outside the range of {datatype} "
-                f"(largest {float(np.finfo(target).max):g}); use FP64 or scale the values"
+                f"(largest {limit:g}); use FP64 or scale the values"
             )
     return parsed.astype(target, copy=False).ravel()
 

@@ -39,7 +39,8 @@ class FakeBackend:
         self.closed: list[str] = []  # prompts whose generation was closed before its end
         self.step = asyncio.Event()  # set: the stream advances freely; clear: it waits
         self.step.set()
-        self.fail_with: BaseException | None = None
+        self.fail_with: BaseException | None = None  # infer raises it
+        self.fail_after: int | None = None  # a stream raises after this many events
 
     def models(self) -> list[ModelEntry]:
         return list(self.entries.values())
@@ -57,6 +58,7 @@ class FakeBackend:
         return {"name": model.name, "version": model.version, "inference_count": 0}
 
     async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
+        await self.step.wait()
         if self.fail_with is not None:
             raise self.fail_with
         x = request.inputs["INPUT0"]
@@ -77,7 +79,10 @@ class FakeBackend:
         done = False
         try:
             for i in range(n):
+                await asyncio.sleep(0)  # a step takes a loop turn, as a real one does
                 await self.step.wait()
+                if i == self.fail_after:
+                    raise RuntimeError("the model broke mid-stream")
                 yield {"text_output": f"w{i} ", "index": i}
             done = True
             yield {"text_output": "", "final": True, "finish_reason": "length"}

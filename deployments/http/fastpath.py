@@ -29,7 +29,7 @@ from deployments.http.app import OipApp
 
 log = logging.getLogger("deployments.http")
 
-CALLBACK = "deployments.http.mount:middlewares"
+CALLBACK = "deployments.http.fastpath:middlewares"
 FAST_PATH_ENV = {
     "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",  # the controller's and the replicas' setting
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # one loop for Serve and the app
