@@ -18,6 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from batching.errors import InvalidRequest
+from batching.iterative.policy import IterativePolicy
+from deployments.generation import generate_request
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 
@@ -27,6 +30,7 @@ SQUARE = ModelEntry("square", "1", ModelSpec(
 ECHO = ModelEntry("echo", "1", ModelSpec(
     "echo", inputs=[TensorSpec("INPUT0", "FP64", [-1, 2])],
     outputs=[TensorSpec("OUTPUT0", "FP64", [-1, 2])], max_batch_size=64))
+POLICY = IterativePolicy(max_tokens_limit=1_000_000)
 WORDS = ModelEntry("words", "1", ModelSpec(
     "words", inputs=[TensorSpec("text_input", "BYTES", [1])],
     outputs=[TensorSpec("text_output", "BYTES", [1])]))
@@ -70,10 +74,11 @@ class FakeBackend:
 
     def generate_stream(self, model: ModelEntry, text: Any,
                         params: dict) -> AsyncIterator[dict[str, Any]]:
-        if not isinstance(text, str):
-            from batching.errors import InvalidRequest
-            raise InvalidRequest("'text_input' must be a string")
-        return self._words(text, int(params.get("max_tokens", 3)))
+        request = generate_request(0, text, params)  # the real checks of a generate body
+        if not request.prompt:
+            raise InvalidRequest("the prompt is empty: send some text")
+        n = POLICY.max_tokens_of(3 if request.max_tokens is None else request.max_tokens)
+        return self._words(text, n)
 
     async def _words(self, text: str, n: int) -> AsyncIterator[dict[str, Any]]:
         done = False

@@ -177,7 +177,7 @@ def test_a_bytes_shape_of_a_trillion_is_refused_without_allocating_it():
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_an_output_json_cannot_carry_is_refused_pointing_at_binary(value):
     y = np.array([1.0, value], np.float32)
-    with pytest.raises(InvalidRequest, match="NaN or Infinity.*binary_data=true"):
+    with pytest.raises(InvalidRequest, match=r"NaN or Infinity.*binary_data=true"):
         encode_infer_response("m", "1", None, {"y": y}, [], False)
     body, headers = encode_infer_response("m", "1", None, {"y": y}, [], True)
     assert int(headers[INFER_HEADER_LENGTH]) == len(body) - 8
