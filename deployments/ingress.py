@@ -215,3 +215,8 @@ class Ingress:
 
     async def status(self) -> dict[str, Any]:
         return {name: await self.backend.raw_stats(name) for name in self.backend.by_name}
+
+    async def http_counts(self) -> dict[tuple[str, int], int]:
+        """HTTP responses this replica sent, by (route template, status), on both the
+        fast path and Serve's: what the metrics read."""
+        return {} if self.http is None else self.http.response_counts()

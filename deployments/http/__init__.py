@@ -22,12 +22,13 @@ Parsing and encoding live in `deployments.protocol`; running, behind `Backend`.
 from deployments.http.app import OipApp
 from deployments.http.backend import Backend, ModelEntry
 from deployments.http.errors import UnknownModel
-from deployments.http.fastpath import CALLBACK, FAST_PATH_ENV, mount, unmount
+from deployments.http.fastpath import CALLBACK, FAST_PATH_ENV, REPLICA_ENV, mount, unmount
 from deployments.http.limits import HttpLimits
 
 __all__ = [
     "CALLBACK",
     "FAST_PATH_ENV",
+    "REPLICA_ENV",
     "Backend",
     "HttpLimits",
     "ModelEntry",

@@ -30,11 +30,13 @@ from deployments.http.app import OipApp
 log = logging.getLogger("deployments.http")
 
 CALLBACK = "deployments.http.fastpath:middlewares"
-FAST_PATH_ENV = {
-    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",  # the controller's and the replicas' setting
+# What the ingress replicas need (their runtime env carries it: `deployments.app`) ...
+REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",  # one loop for Serve and the app
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": CALLBACK,
 }
+# ... and what the whole cluster needs, the controller included (set before `ray start`).
+FAST_PATH_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_ENV}
 
 
 @dataclass(frozen=True, slots=True)
