@@ -21,7 +21,7 @@ import asyncio
 from typing import Any
 
 from deployments.http.backend import Backend, ModelEntry
-from deployments.http.body import read_body
+from deployments.http.body import BodyReader
 from deployments.http.errors import (
     ClientGone,
     HeadersTooLarge,
@@ -61,11 +61,10 @@ class Call:
 
     async def body(self) -> bytes:
         """The body, read within the limits (413 past the size, 408 when it stalls)."""
-        limits = self.app.limits
         declared = self.headers.get("content-length")
-        body = await read_body(self.receive, limits.max_body_bytes, limits.body_timeout_s,
-                               int(declared) if declared and declared.isascii()
-                               and declared.isdigit() else None)
+        body = await self.app.body_reader.read(
+            self.receive, int(declared) if declared and declared.isascii()
+            and declared.isdigit() else None)
         self.body_unread = False
         return body
 
@@ -99,6 +98,7 @@ class OipApp:
         self.backend = backend
         self.limits = limits or HttpLimits()
         self.request_limits = self.limits.request
+        self.body_reader = BodyReader(self.limits.max_body_bytes, self.limits.body_timeout_s)
         self.router = Router(oip_routes())
         self.metadata_reply = json_reply(server_metadata_json(name, version))
         self.inflight = 0

@@ -3,7 +3,8 @@
 Like Starlette's `Router` in what it decides (a table read top to bottom, 404 for an
 unknown path, 405 with `Allow` for a known path and the wrong method), not in how:
 a match is one dict lookup for a fixed path, or a split and a comparison of a few
-segments for a templated one; no Request, no regex per route. A `{param}` segment
+segments for a templated one (then remembered: the next request to that path is one
+lookup too); no Request, no regex per route. A `{param}` segment
 takes a name as the config writes them (`[A-Za-z0-9][A-Za-z0-9_.-]*`), so an empty
 segment (`/v2/models//infer`), a `..` left by a decoded `%2f`, or anything stranger
 is no route at all: 404, in the protocol's error shape.
@@ -20,6 +21,7 @@ from deployments.http.errors import MethodNotAllowed, NoRoute
 from deployments.protocol.limits import shown
 
 PARAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*\Z")
+SEEN_PATHS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class Router:
         self._fixed: dict[str, dict[str, Route]] = {}
         # (segment count, last segment or None for a parameter) -> templates to try
         self._templated: dict[tuple[int, str | None], list[_Template]] = {}
+        # templated paths matched before -> (template, parameters): the next is one lookup
+        self._seen: dict[str, tuple[_Template, dict[str, str]]] = {}
         for route in routes:
             parts = route.template.split("/")
             if not any(_is_param(p) for p in parts):
@@ -62,12 +66,19 @@ class Router:
         methods = self._fixed.get(path)
         if methods is not None:
             return self._pick(methods, method, path, path), {}
+        hit = self._seen.get(path)
+        if hit is not None:
+            template, params = hit
+            return self._pick(template.methods, method, path, template.template), params
         parts = path.split("/")
         n = len(parts)
         for key in ((n, parts[-1]), (n, None)):
             for template in self._templated.get(key, ()):
                 params = template.bind(parts)
                 if params is not None:
+                    if len(self._seen) >= SEEN_PATHS:  # bounded: paths are the client's
+                        self._seen.clear()
+                    self._seen[path] = (template, params)
                     return self._pick(template.methods, method, path, template.template), params
         raise NoRoute(f"no route {method} {shown(path)}: this server speaks the Open "
                       "Inference Protocol under /v2 (GET /v2 describes it, GET "

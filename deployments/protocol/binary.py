@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ class PayloadTooLarge(InvalidRequest):
 INFER_HEADER_LENGTH = "Inference-Header-Content-Length"
 
 _LEN = struct.Struct("<I")
+_LITTLE = ("<", "|") if sys.byteorder == "big" else ("<", "|", "=")
 
 
 def num_elements(shape: Sequence[int]) -> int:
@@ -109,6 +111,8 @@ def binary_view(array: np.ndarray) -> memoryview | bytes:
     already contiguous and little-endian (no copy), else a copy; BYTES are serialized."""
     if datatype_of(array) == "BYTES":
         return b"".join(_LEN.pack(len(b)) + b for b in as_bytes_list(array))
+    if array.size and array.flags.c_contiguous and array.dtype.byteorder in _LITTLE:
+        return memoryview(array).cast("B")  # the array's own memory
     little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
     return little.reshape(-1).view(np.uint8).data
 

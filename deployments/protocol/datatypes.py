@@ -60,9 +60,13 @@ def datatype_of(array: np.ndarray) -> str:
     >>> datatype_of(np.zeros(2, np.float32))
     'FP32'
     """
-    if array.dtype.kind in "OSU":
+    dtype = array.dtype
+    name = _BY_NUMPY.get(dtype)  # native little-endian: the usual case, one lookup
+    if name is not None:
+        return name
+    if dtype.kind in "OSU":
         return "BYTES"
-    name = _BY_NUMPY.get(array.dtype.newbyteorder("<")) if array.dtype.kind != "b" else "BOOL"
+    name = _BY_NUMPY.get(dtype.newbyteorder("<")) if dtype.kind != "b" else "BOOL"
     if name is None:
         raise ModelError(
             f"the model returned an array of dtype {array.dtype}, which has no "

@@ -24,6 +24,7 @@ from deployments.protocol.limits import shown
 # The Python types a JSON `data` list may hold, per kind of target datatype; orjson
 # parses integers as int, other numbers as float (always finite), true/false as bool.
 _JSON_TYPES = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
+_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}  # numpy kinds each may be read as
 _WANTED = {"b": "true/false", "u": "integers", "i": "integers", "f": "numbers"}
 MAX_NESTING = 32  # numpy's own limit on dims; deeper JSON nesting is refused before numpy
 _TYPE_WORDS = {bool: "true/false", int: "integers", float: "fractions", str: "strings",
@@ -74,8 +75,33 @@ def _leaf_types(data: list, where: str) -> set[type]:
 
 def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
     """Numbers of one datatype, strictly: no true/false among numbers, no fractions among
-    integers, nothing outside the datatype's range (1e39 is not an FP32)."""
+    integers, nothing outside the datatype's range (1e39 is not an FP32).
+
+    numpy reads the list; its kind says most of what was in it, but not true/false beside
+    numbers (read as 1/0), so the values' types are looked at too (one C-level pass)."""
     target = NUMPY_DTYPES[datatype]
+    try:
+        parsed = np.array(data)
+    except (ValueError, OverflowError) as exc:  # ragged, or nested past numpy's dims
+        _leaf_types(data, where)  # the clearer message for nesting too deep
+        raise InvalidRequest(
+            f"{where}: 'data' is not a rectangular array of numbers ({str(exc)[:120]}); "
+            "send a flat list, or nested lists of equal length"
+        ) from None
+    if parsed.size == 0:
+        return np.empty(0, dtype=target)
+    kind = parsed.dtype.kind
+    if kind not in _KINDS[target.kind] or (
+            target.kind != "b" and bool in _leaf_types(data, where)):
+        parsed = _slow_numbers(data, datatype, target, where)
+    if target.kind == "f":
+        return _floats(parsed, datatype, target, where)
+    if target.kind != "b":
+        _check_int_range(parsed, datatype, target, where)
+    return parsed.astype(target, copy=False).ravel()
+
+
+def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndarray:
     types = _leaf_types(data, where)
     wrong = types - _JSON_TYPES[target.kind]
     if wrong:
@@ -83,22 +109,24 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
         raise InvalidRequest(
             f"{where}: datatype {datatype} needs {_WANTED[target.kind]} in 'data', got {got}"
         )
-    try:
-        if target.kind == "b":
-            return np.array(data, dtype=np.bool_).ravel()
-        if target.kind == "f":
-            return _floats(np.array(data, dtype=np.float64), datatype, target, where)
-        return _integers(data, datatype, target, where)
-    except ValueError as exc:  # ragged nesting
-        raise InvalidRequest(
-            f"{where}: 'data' is not a rectangular array of numbers ({str(exc)[:120]}); "
-            "send a flat list, or nested lists of equal length"
-        ) from None
+    if target.kind == "f":
+        return np.array(data, dtype=np.float64)
+    try:  # integers only, some past 2**63: exact, as int64 or else as uint64
+        return np.array(data, dtype=np.int64)
+    except OverflowError:
+        try:
+            return np.array(data, dtype=np.uint64)
+        except OverflowError:
+            raise InvalidRequest(
+                f"{where}: 'data' mixes negative integers with integers >= 2**63, outside "
+                f"the range of {datatype}; use values that fit {datatype}"
+            ) from None
 
 
 def _floats(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> np.ndarray:
-    if target.itemsize < 8 and parsed.size:
-        largest, limit = float(np.abs(parsed).max()), float(np.finfo(target).max)
+    if target.itemsize < 8:
+        limit = float(np.finfo(target).max)
+        largest = max(float(parsed.max()), -float(parsed.min()))
         if largest > limit:
             raise InvalidRequest(
                 f"{where}: 'data' holds {largest:g}, outside the range of {datatype} "
@@ -107,26 +135,16 @@ def _floats(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> 
     return parsed.astype(target, copy=False).ravel()
 
 
-def _integers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndarray:
-    try:
-        parsed = np.array(data, dtype=np.int64)
-    except OverflowError:  # a value >= 2**63: fine for UINT64, unless negatives sit beside it
-        try:
-            parsed = np.array(data, dtype=np.uint64)
-        except OverflowError:
-            raise InvalidRequest(
-                f"{where}: 'data' mixes negative integers with integers >= 2**63, outside "
-                f"the range of {datatype}; use values that fit {datatype}"
-            ) from None
-    if parsed.size:
-        info = np.iinfo(target)
-        low, high = int(parsed.min()), int(parsed.max())
-        if low < info.min or high > info.max:
-            raise InvalidRequest(
-                f"{where}: 'data' holds {low if low < info.min else high}, outside the range "
-                f"of {datatype} [{info.min}, {info.max}]; use a wider datatype"
-            )
-    return parsed.astype(target, copy=False).ravel()
+def _check_int_range(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> None:
+    if parsed.dtype == target:
+        return
+    info = np.iinfo(target)
+    low, high = int(parsed.min()), int(parsed.max())
+    if low < info.min or high > info.max:
+        raise InvalidRequest(
+            f"{where}: 'data' holds {low if low < info.min else high}, outside the range "
+            f"of {datatype} [{info.min}, {info.max}]; use a wider datatype"
+        )
 
 
 def _flatten_strings(data: list, where: str) -> np.ndarray:
