@@ -2,7 +2,7 @@
 
 The runtime, in the order a request meets it
     app.py            build_app(config): the Serve application (ingress + batching actors)
-    ingress.py        the Serve ingress: OIP over HTTP (infer, generate, SSE) and the handle API
+    ingress.py        the Serve ingress: the handle API, and the HTTP app's backend (ServeBackend)
     route.py          ModelRoute: one model's way in (validation, deadline, shard choice),
                       shared by the ingress and RaybatchClient
     coalesce.py       one loop tick of requests -> one Ray call per batch's worth
@@ -16,6 +16,7 @@ The runtime, in the order a request meets it
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
 
 Subpackages
+    http/             the HTTP front: OIP as a raw ASGI app, its limits and errors, the fast path
     protocol/         the Open Inference Protocol codec (no HTTP, no Ray)
     models/           the demo models: square, sleep, mlp, minilm, accumulator, gru, tinylm
     configs/          demo.yaml, what `raybatch up` deploys by default
