@@ -54,7 +54,8 @@ class Call:
         self.headers = headers
         self.client = client
         self.params: dict[str, str] = {}
-        self.body_unread = "content-length" in headers or "transfer-encoding" in headers
+        self.body_unread = headers.get("content-length", "0") != "0" or (
+            "transfer-encoding" in headers)
 
     def model(self) -> ModelEntry:
         return self.backend.model(self.params["model"], self.params.get("version"))
