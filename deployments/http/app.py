@@ -34,7 +34,7 @@ from deployments.http.handlers import oip_routes
 from deployments.http.limits import HttpLimits
 from deployments.http.replies import CLOSE, Reply, json_reply, send_reply, send_stream
 from deployments.http.routes import Router
-from deployments.protocol import server_metadata_json
+from deployments.protocol import LowerHeaders, server_metadata_json
 
 # The request headers the protocol reads; the others are only counted.
 _READ = {b"content-length", b"content-encoding", b"transfer-encoding",
@@ -172,7 +172,7 @@ class OipApp:
             raise HeadersTooLarge(f"the request has {len(raw)} headers, more than this "
                                   f"server's limit of {limits.max_header_count}")
         size = 0
-        found = {}
+        found = LowerHeaders()
         for name, value in raw:
             size += len(name) + len(value)
             if name in _READ:

@@ -23,6 +23,7 @@ from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatyp
 from deployments.protocol.generate import generate_response, parse_generate_body, sse_event
 from deployments.protocol.infer import (
     InferRequest,
+    LowerHeaders,
     RequestedOutput,
     check_content_length,
     encode_infer_parts,
@@ -53,6 +54,7 @@ __all__ = [
     "BatchStats",
     "DurationStat",
     "InferRequest",
+    "LowerHeaders",
     "ModelCounters",
     "ModelSpec",
     "PayloadTooLarge",

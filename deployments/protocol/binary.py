@@ -131,7 +131,7 @@ def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec,
             f"the request needs a non-empty 'inputs' array; model '{spec.name}' takes "
             f"{list(spec.input_names)}"
         )
-    specs = {t.name: t for t in spec.inputs}
+    specs = spec.input_by_name
     arrays: dict[str, np.ndarray] = {}
     offset = elements = 0
     for index, entry in enumerate(entries):

@@ -51,6 +51,7 @@ from deployments.protocol.metadata import ModelSpec
 
 __all__ = [
     "InferRequest",
+    "LowerHeaders",
     "PayloadTooLarge",
     "RequestedOutput",
     "check_content_length",
@@ -166,9 +167,14 @@ def parse_infer_request(
     return InferRequest(request_id, inputs, parameters, outputs, batch_size_of(inputs, spec))
 
 
+class LowerHeaders(dict):
+    """Headers whose names are all lowercase already (what a server hands over): looked
+    up once, not searched again in other casings."""
+
+
 def _header(headers: Mapping[str, str], lower_name: str) -> str | None:
     value = headers.get(lower_name)
-    if value is None:  # a plain dict with other casing; Starlette's Headers are lowercase
+    if value is None and type(headers) is not LowerHeaders:  # a dict in other casing
         value = next((v for k, v in headers.items() if k.lower() == lower_name), None)
     return None if value is None else str(value).strip()
 
