@@ -272,7 +272,27 @@ class IngressConfig(BaseModel):
     """Serve replicas of the HTTP/handle ingress."""
     num_cpus: float = Field(default=0.5, ge=0)
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
-    """Largest request body accepted; larger ones get HTTP 413."""
+    """Largest request body accepted; larger ones get HTTP 413, as soon as the body
+    passes it (the rest is not read)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for the next piece of a request body; a body that stalls longer
+    gets HTTP 408."""
+    max_header_count: int = Field(default=100, ge=8)
+    """Most request headers; more get HTTP 431."""
+    max_header_bytes: int = Field(default=16 * 2**10, ge=1024)
+    """Most bytes of request headers, names and values; more get HTTP 431."""
+    max_items_per_request: int = Field(default=65_536, ge=1)
+    """Most items (the leading, batch dim) in one infer request; more get HTTP 413."""
+    max_elements_per_request: int = Field(default=2**26, ge=1)
+    """Most tensor elements (the inputs' shape products, summed) in one infer request,
+    checked from the shapes before anything is allocated; more get HTTP 413."""
+    max_streams_per_client: int = Field(default=16, ge=1)
+    """Most generate_stream (SSE) responses one client address holds open at once;
+    more get HTTP 429 with Retry-After."""
+    max_inflight_requests: int = Field(default=2048, ge=1)
+    """Most HTTP requests one ingress replica serves at once; more get HTTP 503 with
+    Retry-After. It bounds the fast path too, where Serve's max_ongoing_requests does
+    not look."""
     route_prefix: str = "/"
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

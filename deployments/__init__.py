@@ -2,7 +2,7 @@
 
 The runtime, in the order a request meets it
     app.py            build_app(config): the Serve application (ingress + batching actors)
-    ingress.py        the Serve ingress: OIP over HTTP (infer, generate, SSE) and the handle API
+    ingress.py        the Serve ingress: the handle API, and the HTTP app's backend (ServeBackend)
     route.py          ModelRoute: one model's way in (validation, deadline, shard choice),
                       shared by the ingress and RaybatchClient
     signature.py      a model's declared tensors: request inputs checked (numpy arrays of the
@@ -23,6 +23,7 @@ The runtime, in the order a request meets it
                       through ray.util.metrics (batching actor, replicas, callers, ingress)
 
 Subpackages
+    http/             the HTTP front: OIP as a raw ASGI app, its limits and errors, the fast path
     protocol/         the Open Inference Protocol codec (no HTTP, no Ray)
     grpc/             the KServe v2 / Triton GRPCInferenceService through Serve's gRPC proxy
     models/           the demo models: square, sleep, mlp, minilm, twotower, accumulator,

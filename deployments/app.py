@@ -17,6 +17,7 @@ from ray.serve.config import DeploymentActorConfig
 from cluster.config import RaybatchConfig, load_default
 from cluster.modelpath import python_path_env
 from deployments.batcher import BatcherActor
+from deployments.http import REPLICA_ENV
 from deployments.ingress import Ingress, batcher_actor_name
 
 
@@ -37,7 +38,10 @@ def build_app(config: RaybatchConfig) -> serve.Application:
     ]
     deployment = Ingress.options(
         num_replicas=config.ingress.num_replicas,
-        ray_actor_options={"num_cpus": config.ingress.num_cpus, **env},
+        # REPLICA_ENV: the HTTP fast path, when the cluster runs Serve's direct ingress
+        ray_actor_options={"num_cpus": config.ingress.num_cpus,
+                           "runtime_env": {"env_vars": {
+                               **REPLICA_ENV, **python_path_env(config.python_path)}}},
         deployment_actors=actors,
     )
     return deployment.bind(config.model_dump_json())

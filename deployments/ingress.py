@@ -1,57 +1,38 @@
-"""The Serve ingress: the Open Inference Protocol over HTTP, and the handle API.
+"""The Serve ingress: the HTTP front door (`deployments.http`) and the handle API.
 
-It parses (a clear 4xx for anything wrong) and hands each request to the
+The ingress parses (a clear 4xx for anything wrong) and hands each request to the
 model's `ModelRoute`, which checks it against the model's tensors, gives it its
 deadline, and coalesces what arrived in the same loop tick into bundles of one
 batch's worth for the least-loaded batching actor. It never batches or queues
 itself: the batching actors do, across all ingress replicas.
 
-Errors map to status codes in one place (`_error_response`), from the
-`http_status` of the exception classes. gRPC (the KServe v2 / Triton
-GRPCInferenceService, through Serve's gRPC proxy) is `deployments.grpc`: the
-ingress inherits the RPC methods Serve calls (`GrpcIngress`) and hands them its
-models. The protocol codec is
-`deployments.protocol.infer`; this module only moves bytes, headers and arrays.
+HTTP is `deployments.http.OipApp`, a raw ASGI app, handed to Serve at replica start
+(`__serve_build_asgi_app__`) and mounted on the direct-ingress fast path
+(`deployments.http.fastpath`); `ServeBackend` is what it runs requests on. Errors map to
+status codes in one place, `deployments.http.errors.error_parts`. gRPC (the KServe v2 /
+Triton GRPCInferenceService, through Serve's gRPC proxy) is `deployments.grpc`: the
+ingress inherits the RPC methods Serve calls (`GrpcIngress`) and hands them the same
+backend's models.
 """
 
 
 import asyncio
-import logging
 import time
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
-from batching.errors import RaybatchError, http_status
+from batching.errors import RaybatchError
 from cluster.config import ModelConfig, RaybatchConfig
 from deployments.grpc import GrpcIngress, GrpcServicer
+from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.metrics import CallerMetrics
-from deployments.protocol import (
-    ModelSpec,
-    TensorSpec,
-    check_content_length,
-    encode_infer_response,
-    error_body,
-    generate_response,
-    metadata_json,
-    model_config_json,
-    parse_generate_body,
-    parse_infer_request,
-    server_metadata_json,
-    sse_event,
-)
+from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats, model_counters_json
 
-log = logging.getLogger(__name__)
-api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
-
-
-class UnknownModel(RaybatchError):
-    http_status = 404
+__all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
 
 
 def batcher_actor_name(model: str, shard: int = 0) -> str:
@@ -81,68 +62,43 @@ class _Model:
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
                  metrics: bool = False) -> None:
         self.config = config
-        self.spec = model_spec(config)
+        self.entry = ModelEntry(config.name, config.version, model_spec(config))
         self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
         self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s,
                                 CallerMetrics(config) if metrics else None)
         self.ready: asyncio.Future | None = None
 
-
-# Defined before the class: @serve.ingress copies the module globals it sees at decoration.
-def _error_response(e: Exception) -> Response:
-    status = http_status(e)
-    if status >= 500 and not isinstance(e, RaybatchError):
-        log.exception("request failed")
-    headers = {"Retry-After": "1"} if status in (429, 503) else {}
-    message = str(e) or type(e).__name__
-    if not isinstance(e, RaybatchError):
-        message = f"{type(e).__name__}: {message}"
-    return Response(error_body(message), status_code=status, media_type="application/json",
-                    headers=headers)
+    def actors(self) -> list[Any]:
+        return [serve.get_deployment_actor(name) for name in self.names]
 
 
 async def _raise(e: BaseException) -> Any:
     raise e
 
 
-def _sequence(req: Any) -> tuple[Any, bool, bool] | None:
+def _sequence(req: InferRequest) -> tuple[Any, bool, bool] | None:
     """An infer request's sequence controls, when it names a sequence."""
     if req.sequence_id is None:
         return None
     return req.sequence_id, req.sequence_start, req.sequence_end
 
 
-async def _sse(first: dict, rest: Any, wrap: Any) -> Any:
-    """The SSE body: the first event (already received), the others as they come; an
-    error after the start becomes an {"error"} event (the 200 is already sent)."""
-    yield sse_event(wrap(first))
-    try:
-        async for event in rest:
-            yield sse_event(wrap(event))
-    except Exception as e:
-        if http_status(e) >= 500 and not isinstance(e, RaybatchError):
-            log.exception("generation failed mid-stream")
-        yield sse_event({"error": str(e) or type(e).__name__})
+class ServeBackend:
+    """The models of one ingress replica: what `OipApp` runs requests on (`Backend`)."""
 
+    def __init__(self, config: RaybatchConfig) -> None:
+        timeout, metrics = config.ingress.default_timeout_s, config.metrics.enabled
+        self.by_name = {m.name: _Model(m, timeout, metrics) for m in config.models}
+        self._entries = [m.entry for m in self.by_name.values()]
 
-@serve.deployment(max_ongoing_requests=2048)
-@serve.ingress(api)
-class Ingress(GrpcIngress):
-    async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
-        # Async, so Serve marks the app ready only once every model's replicas serve.
-        self.config = RaybatchConfig.model_validate_json(config_json)
-        timeout = self.config.ingress.default_timeout_s
-        metrics = self.config.metrics.enabled
-        self.models = {m.name: _Model(m, timeout, metrics) for m in self.config.models}
-        self.grpc_servicer = GrpcServicer(self._model, self.models.values, self._is_ready,
-                                          self._stats, self.config.ingress.max_body_bytes)
-        await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
+    async def wait_ready(self, timeout_s: float = 300.0) -> None:
+        await asyncio.gather(*(self._wait_ready(m, timeout_s) for m in self.by_name.values()))
 
-    async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:
+    async def _wait_ready(self, m: _Model, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:  # the deployment-scoped actor may not be registered yet
             try:
-                actors = [serve.get_deployment_actor(name) for name in m.names]
+                actors = m.actors()
                 break
             except ValueError:
                 if time.monotonic() > deadline:
@@ -152,17 +108,90 @@ class Ingress(GrpcIngress):
         m.ready = asyncio.get_running_loop().create_future()
         m.ready.set_result(True)
 
+    def get(self, name: str, version: str | None = None) -> _Model:
+        m = self.by_name.get(name)
+        if m is None:
+            raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.by_name)}")
+        if version not in (None, "", m.config.version):
+            raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
+                               f"{version!r}: leave the version out or ask for that one")
+        return m
+
+    # -- deployments.http.Backend ----------------------------------------------------------
+    def models(self) -> list[ModelEntry]:
+        return self._entries
+
+    def model(self, name: str, version: str | None = None) -> ModelEntry:
+        return self.get(name, version).entry
+
+    async def ready(self, model: ModelEntry) -> bool:
+        m = self.by_name[model.name]
+        if m.ready is None:
+            m.ready = asyncio.ensure_future(asyncio.gather(*(a.ready.remote()
+                                                             for a in m.actors())))
+        if not m.ready.done():
+            await asyncio.wait([m.ready], timeout=0.2)
+        if m.ready.done() and m.ready.exception() is not None:
+            m.ready = None
+            return False
+        return m.ready is not None and m.ready.done()
+
+    async def raw_stats(self, name: str) -> dict[str, Any]:
+        m = self.by_name[name]
+        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in m.actors())))
+
+    async def stats(self, model: ModelEntry) -> dict[str, Any]:
+        return model_counters_json(model.spec, await self.raw_stats(model.name))
+
+    async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
+        route = self.by_name[model.name].route
+        return await route.run(route.input_array(request.inputs), request.priority,
+                               request.timeout_s, _sequence(request))
+
+    async def generate(self, model: ModelEntry, text: Any,
+                       params: dict[str, Any]) -> dict[str, Any]:
+        return await self.by_name[model.name].route.generate(text, params)
+
+    def generate_stream(self, model: ModelEntry, text: Any, params: dict[str, Any]) -> Any:
+        return self.by_name[model.name].route.generate_stream(text, params)
+
+
+@serve.deployment(max_ongoing_requests=2048)
+@serve.ingress()
+class Ingress(GrpcIngress):
+    async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
+        # Async, so Serve marks the app ready only once every model's replicas serve.
+        self.http: OipApp | None = None
+        self.config = RaybatchConfig.model_validate_json(config_json)
+        self.backend = backend = ServeBackend(self.config)
+        self.grpc_servicer = GrpcServicer(
+            backend.get, backend.by_name.values, lambda m: backend.ready(m.entry),
+            lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes)
+        await backend.wait_ready()
+
+    async def __serve_build_asgi_app__(self) -> OipApp:
+        """Serve's HTTP app for this replica, built once the models are ready; also
+        mounted on the direct-ingress fast path (`deployments.http.fastpath`)."""
+        ingress = self.config.ingress
+        self.http = OipApp(self.backend, HttpLimits.from_config(ingress))
+        mount(self.http, ingress.route_prefix)
+        return self.http
+
+    def __del__(self) -> None:
+        if self.http is not None:
+            unmount(self.http)
+
     # -- the handle API ---------------------------------------------------------------
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """`handle.infer.remote("mlp", {"INPUT0": x})` → `{"OUTPUT0": y}`."""
-        return await self._model(model).route.infer(inputs, parameters)
+        return await self.backend.get(model).route.infer(inputs, parameters)
 
     async def infer_bundle(self, model: str, bundle: list[dict[str, np.ndarray]],
                            parameters: dict[str, Any] | None = None) -> list[Any]:
         """Many requests in one handle call (what `RaybatchClient` sends); each entry
         comes back as its outputs or as the exception that ended it."""
-        route = self._model(model).route
+        route = self.backend.get(model).route
         params = parameters or {}
         futs = []
         for inputs in bundle:
@@ -177,165 +206,27 @@ class Ingress(GrpcIngress):
                        parameters: dict[str, Any] | None = None) -> dict[str, Any]:
         """`handle.generate.remote("tinylm", "Once", {"max_tokens": 32})` → {"text_output",
         "finish_reason", "num_tokens", "prompt_tokens", "final"}."""
-        return await self._model(model).route.generate(text_input, parameters)
+        return await self.backend.get(model).route.generate(text_input, parameters)
 
     async def generate_stream(self, model: str, text_input: str,
                               parameters: dict[str, Any] | None = None) -> Any:
         """`handle.options(stream=True).generate_stream.remote(...)`: the events, one per
         step ({"text_output", "index"}), then the final one. Cancelling the call cancels
         the generation."""
-        async for event in self._model(model).route.generate_stream(text_input, parameters):
+        async for event in self.backend.get(model).route.generate_stream(text_input,
+                                                                          parameters):
             yield event
 
     async def route_info(self, model: str) -> tuple[str, list[Any], float | None]:
         """What `RaybatchClient` needs to send to `model`'s batching actors itself:
         the model's config (JSON), the actor handles, the default deadline."""
-        m = self._model(model)
-        actors = [serve.get_deployment_actor(name) for name in m.names]
-        return m.config.model_dump_json(), actors, self.config.ingress.default_timeout_s
+        m = self.backend.get(model)
+        return m.config.model_dump_json(), m.actors(), self.config.ingress.default_timeout_s
 
     async def status(self) -> dict[str, Any]:
-        return {name: await self._stats(m) for name, m in self.models.items()}
+        return {name: await self.backend.raw_stats(name) for name in self.backend.by_name}
 
-    # -- HTTP: the Open Inference Protocol ----------------------------------------------
-    @api.get("/v2")
-    async def server_metadata(self) -> JSONResponse:
-        return JSONResponse(server_metadata_json("raybatch", "0.1.0"))
-
-    @api.get("/v2/health/live")
-    async def live(self) -> Response:
-        return Response(status_code=200)
-
-    @api.get("/v2/health/ready")
-    async def ready(self) -> Response:
-        ok = all([await self._is_ready(m) for m in self.models.values()])
-        return Response(status_code=200 if ok else 503)
-
-    # Before /v2/models/{model}, which would take "stats" for a model name.
-    @api.get("/v2/models/stats")
-    async def all_model_stats(self) -> Response:
-        async def stats() -> Response:
-            out = []
-            for m in self.models.values():
-                out.append(model_counters_json(m.spec, await self._stats(m)))
-            return JSONResponse({"model_stats": out})
-        return await self._guard(stats)
-
-    # Every model route also answers under /versions/{version}, as Triton's do.
-    @api.get("/v2/models/{model}")
-    @api.get("/v2/models/{model}/versions/{version}")
-    async def model_metadata(self, model: str, version: str | None = None) -> Response:
-        return await self._guard(lambda: JSONResponse(
-            metadata_json(self._model(model, version).spec)))
-
-    @api.get("/v2/models/{model}/config")
-    @api.get("/v2/models/{model}/versions/{version}/config")
-    async def model_config(self, model: str, version: str | None = None) -> Response:
-        return await self._guard(lambda: JSONResponse(
-            model_config_json(self._model(model, version).spec)))
-
-    @api.get("/v2/models/{model}/ready")
-    @api.get("/v2/models/{model}/versions/{version}/ready")
-    async def model_ready(self, model: str, version: str | None = None) -> Response:
-        async def check() -> Response:
-            ok = await self._is_ready(self._model(model, version))
-            return Response(status_code=200 if ok else 503)
-        return await self._guard(check)
-
-    @api.get("/v2/models/{model}/stats")
-    @api.get("/v2/models/{model}/versions/{version}/stats")
-    async def model_stats(self, model: str, version: str | None = None) -> Response:
-        async def stats() -> Response:
-            m = self._model(model, version)
-            raw = await self._stats(m)
-            return JSONResponse({"model_stats": [model_counters_json(m.spec, raw)]})
-        return await self._guard(stats)
-
-    @api.post("/v2/models/{model}/infer")
-    @api.post("/v2/models/{model}/versions/{version}/infer")
-    async def infer_http(self, model: str, request: Request,
-                         version: str | None = None) -> Response:
-        async def infer() -> Response:
-            m = self._model(model, version)
-            limit = self.config.ingress.max_body_bytes
-            check_content_length(request.headers, limit)
-            body = await request.body()
-            req = parse_infer_request(body, request.headers, m.spec, limit)
-            array = m.route.input_array(req.inputs)
-            outputs = await m.route.run(array, req.priority, req.timeout_s, _sequence(req))
-            body, headers = encode_infer_response(m.config.name, m.config.version, req.id,
-                                                  outputs, req.outputs_requested,
-                                                  req.binary_data_output)
-            return Response(body, headers=headers)
-        return await self._guard(infer)
-
-    @api.post("/v2/models/{model}/generate")
-    @api.post("/v2/models/{model}/versions/{version}/generate")
-    async def generate_http(self, model: str, request: Request,
-                            version: str | None = None) -> Response:
-        async def generate() -> Response:
-            m = self._model(model, version)
-            request_id, text, params = parse_generate_body(await self._body(request))
-            final = await m.route.generate(text, params)
-            return JSONResponse(generate_response(m.config.name, m.config.version,
-                                                  request_id, final))
-        return await self._guard(generate)
-
-    @api.post("/v2/models/{model}/generate_stream")
-    @api.post("/v2/models/{model}/versions/{version}/generate_stream")
-    async def generate_stream_http(self, model: str, request: Request,
-                                   version: str | None = None) -> Response:
-        async def stream() -> Response:
-            m = self._model(model, version)
-            request_id, text, params = parse_generate_body(await self._body(request))
-            events = m.route.generate_stream(text, params)
-            try:  # errors before the first event are a proper 4xx/5xx, not an SSE event
-                first = await events.__anext__()
-            except BaseException:
-                await events.aclose()
-                raise
-            name, version_ = m.config.name, m.config.version
-            return StreamingResponse(
-                _sse(first, events, lambda e: generate_response(name, version_, request_id, e)),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await self._guard(stream)
-
-    # -- shared path ----------------------------------------------------------------------
-    async def _body(self, request: Request) -> bytes:
-        limit = self.config.ingress.max_body_bytes
-        check_content_length(request.headers, limit)
-        body = await request.body()
-        check_content_length({"content-length": str(len(body))}, limit)
-        return body
-
-    def _model(self, name: str, version: str | None = None) -> _Model:
-        m = self.models.get(name)
-        if m is None:
-            raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.models)}")
-        if version not in (None, "", m.config.version):
-            raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
-                               f"{version!r}: leave the version out or ask for that one")
-        return m
-
-    async def _stats(self, m: _Model) -> dict[str, Any]:
-        actors = [serve.get_deployment_actor(name) for name in m.names]
-        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in actors)))
-
-    async def _is_ready(self, m: _Model) -> bool:
-        if m.ready is None:
-            actors = [serve.get_deployment_actor(name) for name in m.names]
-            m.ready = asyncio.ensure_future(asyncio.gather(*(a.ready.remote() for a in actors)))
-        if not m.ready.done():
-            await asyncio.wait([m.ready], timeout=0.2)
-        if m.ready.done() and m.ready.exception() is not None:
-            m.ready = None
-            return False
-        return m.ready is not None and m.ready.done()
-
-    async def _guard(self, handler: Any) -> Response:
-        try:
-            result = handler()
-            return await result if asyncio.iscoroutine(result) else result
-        except Exception as e:
-            return _error_response(e)
-
+    async def http_counts(self) -> dict[tuple[str, int], int]:
+        """HTTP responses this replica sent, by (route template, status), on both the
+        fast path and Serve's: what the metrics read."""
+        return {} if self.http is None else self.http.response_counts()

@@ -53,12 +53,13 @@ class App:
     """The shared app: where it listens and how to reach it."""
 
     name: str
-    base_url: str  # http://127.0.0.1:PORT, no trailing slash
+    base_url: str  # http://127.0.0.1:PORT, no trailing slash: Serve's proxy
     port: int
     handle: Any  # the ingress DeploymentHandle
     config: Any  # the RaybatchConfig it was built from
     gate: Path  # while this file exists, the `gated` model holds its batch
     gcs_address: str
+    direct_url: str  # the ingress replica's own port: the HTTP fast path (no proxy)
     grpc_port: int = 0  # Serve's gRPC proxy with the KServe v2 / Triton service
 
     def stats(self, model: str) -> dict[str, Any]:
@@ -80,6 +81,13 @@ def ray_address():
     """A local Ray for the whole session; yields its GCS address."""
     import ray
 
+    from deployments.http import FAST_PATH_ENV
+
+    # Serve's direct ingress with Raybatch's HTTP fast path, as `raybatch up` can run it:
+    # set before Ray starts, so the controller, the proxy and every replica see it. No
+    # draining period at shutdown (tests delete apps often; no load balancer to wait for).
+    os.environ.update(FAST_PATH_ENV)
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "0")
     # Workers put the driver's working directory on sys.path: make it the repository,
     # so replicas can import `tests.models` wherever pytest was started from.
     cwd = os.getcwd()
@@ -128,8 +136,31 @@ def app(ray_address, tmp_path_factory) -> App:
     handle = serve.run(build_app(config), name=config.app_name,
                        route_prefix=config.ingress.route_prefix)
     yield App(config.app_name, f"http://127.0.0.1:{port}", port, handle, config, gate,
-              ray_address, grpc_port)
+              ray_address, direct_url(config.app_name), grpc_port)
     serve.shutdown()
+
+
+def direct_url(app_name: str) -> str:
+    """The base URL of `app_name`'s (first) ingress replica's own HTTP server."""
+    import ray
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve.context import _get_global_client
+
+    controller = _get_global_client()._controller
+    groups = ray.get(controller.get_target_groups.remote(app_name))
+    ports = [t.port for g in groups if g.protocol == RequestProtocol.HTTP for t in g.targets]
+    assert ports, f"no direct-ingress port for {app_name}: {groups}"
+    return f"http://127.0.0.1:{ports[0]}"
+
+
+FRONTS = ["proxy", "fast-path"]
+
+
+@pytest.fixture(scope="module", params=FRONTS)
+def front_url(app: App, request) -> str:
+    """The shared app's base URL through each HTTP front: Serve's proxy (the app under
+    Serve's per-request wrapper), and the replica's own port (the fast path)."""
+    return app.base_url if request.param == "proxy" else app.direct_url
 
 
 @pytest.fixture

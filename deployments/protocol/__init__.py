@@ -5,28 +5,34 @@ The ingress moves bytes and headers; everything a body means is decided here.
     datatypes.py  OIP datatype strings <-> numpy dtypes
     metadata.py   ModelSpec / TensorSpec, model metadata and config, server metadata,
                   the statistics extension's JSON
-    binary.py     tensor data: JSON `data` lists and the binary tensor extension, a
-                  request's inputs checked against the model's tensors
+    jsondata.py   tensor data as JSON `data` lists, strictly, both ways (orjson, numpy)
+    binary.py     the binary tensor extension, and a request's inputs checked against the
+                  model's tensors and the request limits
     infer.py      an infer request's body and headers -> arrays and parameters; outputs ->
-                  a response body and headers; the error body
+                  a response body (in parts, for zero-copy) and headers; strict JSON; the
+                  error body
     generate.py   the generate extension: request bodies, responses, SSE events
+    limits.py     RequestLimits (what one request may carry); `shown`, a bounded repr
 
 Everything wrong with a request raises `InvalidRequest` (or `PayloadTooLarge`) with a
 message that says what was wrong and how to fix it.
 """
 
-from deployments.protocol.binary import INFER_HEADER_LENGTH, encode_binary
+from deployments.protocol.binary import INFER_HEADER_LENGTH, PayloadTooLarge, encode_binary
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
 from deployments.protocol.generate import generate_response, parse_generate_body, sse_event
 from deployments.protocol.infer import (
     InferRequest,
-    PayloadTooLarge,
+    LowerHeaders,
     RequestedOutput,
     check_content_length,
+    encode_infer_parts,
     encode_infer_response,
     error_body,
+    load_json,
     parse_infer_request,
 )
+from deployments.protocol.limits import RequestLimits, shown
 from deployments.protocol.metadata import (
     DEFAULT_EXTENSIONS,
     BatchStats,
@@ -48,24 +54,29 @@ __all__ = [
     "BatchStats",
     "DurationStat",
     "InferRequest",
+    "LowerHeaders",
     "ModelCounters",
     "ModelSpec",
     "PayloadTooLarge",
+    "RequestLimits",
     "RequestedOutput",
     "TensorSpec",
     "check_content_length",
     "check_datatype",
     "datatype_of",
     "encode_binary",
+    "encode_infer_parts",
     "encode_infer_response",
     "error_body",
     "generate_response",
+    "load_json",
     "metadata_json",
     "model_config_json",
     "model_stat_json",
     "parse_generate_body",
     "parse_infer_request",
     "server_metadata_json",
+    "shown",
     "sse_event",
     "stats_json",
 ]

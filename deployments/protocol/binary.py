@@ -1,15 +1,17 @@
 """Tensor data of the Open Inference Protocol: datatypes, byte layouts, a request's inputs.
 
-Decides how a tensor travels: which numpy dtype each OIP datatype string means,
-how a tensor's `data` list in JSON becomes an array, how the binary tensor
-data extension lays tensors out after the JSON header (little-endian, row-major;
-BYTES as a 4-byte little-endian length before each element, exactly what
-`tritonclient.utils.serialize_byte_tensor` writes). Pure: no web framework, no Ray.
+Decides how a tensor travels as bytes: how the binary tensor data extension lays
+tensors out after the JSON header (little-endian, row-major; BYTES as a 4-byte
+little-endian length before each element, exactly what
+`tritonclient.utils.serialize_byte_tensor` writes), and how a request's inputs, JSON
+(`deployments.protocol.jsondata`) or binary, are read. Pure: no web framework, no Ray.
 
 Invariant: a decoded array has exactly the element count its shape promises, or
-`InvalidRequest` is raised with a message naming the tensor and the fix. BYTES
+`InvalidRequest` is raised with a message naming the tensor and the fix. Sizes are
+checked against `RequestLimits` from the shapes, before any array is allocated. BYTES
 tensors are always object arrays of `bytes`. Arrays decoded from binary data are
-read-only views of the request body (no copy); copy them before writing in place.
+read-only views of the request body (no copy); copy them before writing in place, and
+outputs go out as views of their arrays (`binary_view`) where they can.
 `read_inputs` checks each input against the model's `TensorSpec` (name, datatype,
 rank, fixed dims) and consumes the binary section exactly, in input order.
 """
@@ -18,107 +20,42 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from batching.errors import InvalidRequest
-from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
+from deployments.protocol.datatypes import (
+    NUMPY_DTYPES,
+    as_bytes_list,
+    check_datatype,
+    datatype_of,
+)
+from deployments.protocol.jsondata import decode_json_data
+from deployments.protocol.limits import RequestLimits, shown
 from deployments.protocol.metadata import ModelSpec, TensorSpec
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request (its body after decompression, or its tensors) is larger than the
+    server accepts."""
+
+    http_status = 413
+
 
 INFER_HEADER_LENGTH = "Inference-Header-Content-Length"
 
-# The numpy kinds a JSON `data` list may parse to, per kind of target datatype.
-_JSON_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
 _LEN = struct.Struct("<I")
+_LITTLE = ("<", "|") if sys.byteorder == "big" else ("<", "|", "=")
 
 
 def num_elements(shape: Sequence[int]) -> int:
     """Element count of a shape; 1 for a scalar's empty shape."""
     return math.prod(shape)
-
-
-def decode_json_data(data: Any, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
-    """A tensor from its JSON `data` (flat row-major or nested lists), reshaped to `shape`."""
-    if not isinstance(data, list):
-        raise InvalidRequest(
-            f"{where}: 'data' must be a JSON array (flat in row-major order, or nested), "
-            f"got {type(data).__name__}"
-        )
-    expected = num_elements(shape)
-    if datatype == "BYTES":
-        flat = _flatten_strings(data, where)
-    else:
-        flat = _json_numbers(data, datatype, where)
-    if flat.size != expected:
-        raise InvalidRequest(
-            f"{where}: 'data' holds {flat.size} elements but shape {list(shape)} needs "
-            f"{expected}; send exactly one element per position of the shape"
-        )
-    return flat.reshape(shape)
-
-
-def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
-    target = NUMPY_DTYPES[datatype]
-    try:
-        parsed = np.asarray(data)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise InvalidRequest(
-            f"{where}: 'data' is not a rectangular array of numbers ({exc}); "
-            "send a flat list, or nested lists of equal length"
-        ) from None
-    if parsed.size == 0:
-        return np.empty(0, dtype=target)
-    if target.kind == "u" and parsed.dtype.kind in "fO":
-        parsed = _big_uints(data, parsed)
-    if parsed.dtype.kind not in _JSON_KINDS[target.kind]:
-        wanted = {"b": "true/false", "u": "integers", "i": "integers", "f": "numbers"}
-        raise InvalidRequest(
-            f"{where}: datatype {datatype} needs {wanted[target.kind]} in 'data', "
-            f"got values parsed as {parsed.dtype} (first: {parsed.ravel()[0]!r})"
-        )
-    if target.kind in "iu":
-        info = np.iinfo(target)
-        low, high = parsed.min(), parsed.max()
-        if low < info.min or high > info.max:
-            raise InvalidRequest(
-                f"{where}: 'data' holds {low if low < info.min else high}, outside the range "
-                f"of {datatype} [{info.min}, {info.max}]; use a wider datatype"
-            )
-    return parsed.astype(target, copy=False).ravel()
-
-
-def _big_uints(data: list, parsed: np.ndarray) -> np.ndarray:
-    """numpy reads integers >= 2**63 as float64; keep them exact when every value is an int."""
-    values = np.array(data, dtype=object).ravel()
-    if all(type(v) is int and v >= 0 for v in values):
-        return np.array(values.tolist(), dtype=np.uint64).reshape(parsed.shape)
-    return parsed
-
-
-def _flatten_strings(data: list, where: str) -> np.ndarray:
-    out: list[bytes] = []
-    stack: list[Any] = [iter(data)]
-    while stack:
-        item = next(stack[-1], _DONE)
-        if item is _DONE:
-            stack.pop()
-        elif isinstance(item, list):
-            stack.append(iter(item))
-        elif isinstance(item, str):
-            out.append(item.encode("utf-8"))
-        else:
-            raise InvalidRequest(
-                f"{where}: datatype BYTES needs JSON strings in 'data', got {item!r}; "
-                "send raw bytes with the binary tensor data extension instead"
-            )
-    array = np.empty(len(out), dtype=object)
-    array[:] = out
-    return array
-
-
-_DONE = object()
 
 
 def decode_binary(raw: memoryview, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
@@ -137,7 +74,8 @@ def decode_binary(raw: memoryview, datatype: str, shape: Sequence[int], where: s
 
 def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray:
     """`count` BYTES elements, each a 4-byte little-endian length and then its bytes."""
-    out = np.empty(count, dtype=object)
+    # A list, not np.empty(count): `count` is the client's number; the bytes bound the list.
+    out: list[bytes] = []
     offset, size = 0, len(raw)
     for i in range(count):
         if offset + 4 > size:
@@ -151,40 +89,32 @@ def decode_bytes_elements(raw: memoryview, count: int, where: str) -> np.ndarray
                 f"{where}: BYTES element {i} claims {length} bytes but only "
                 f"{size - offset - 4} remain within its binary_data_size"
             )
-        out[i] = bytes(raw[offset + 4 : offset + 4 + length])
+        out.append(bytes(raw[offset + 4 : offset + 4 + length]))
         offset += 4 + length
     if offset != size:
         raise InvalidRequest(
             f"{where}: {size - offset} bytes are left over after the {count} BYTES "
             f"elements the shape asks for; binary_data_size must cover exactly those elements"
         )
-    return out
+    array = np.empty(len(out), dtype=object)
+    array[:] = out
+    return array
 
 
 def encode_binary(array: np.ndarray) -> bytes:
     """The bytes the binary extension carries for `array` (row-major, little-endian)."""
+    return bytes(binary_view(array))
+
+
+def binary_view(array: np.ndarray) -> memoryview | bytes:
+    """What the binary extension carries for `array`: a view of its own memory when it is
+    already contiguous and little-endian (no copy), else a copy; BYTES are serialized."""
     if datatype_of(array) == "BYTES":
-        return b"".join(_LEN.pack(len(b)) + b for b in _as_bytes_list(array))
-    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    return np.ascontiguousarray(little).tobytes()
-
-
-def json_data(array: np.ndarray, name: str) -> list:
-    """The flat row-major JSON `data` list of an output; BYTES must be valid UTF-8."""
-    if datatype_of(array) != "BYTES":
-        return array.ravel().tolist()
-    try:
-        return [b.decode("utf-8") for b in _as_bytes_list(array)]
-    except UnicodeDecodeError:
-        raise InvalidRequest(
-            f"output '{name}' holds bytes that are not UTF-8 and cannot travel in JSON; "
-            "request it with parameters.binary_data=true"
-        ) from None
-
-
-def _as_bytes_list(array: np.ndarray) -> list[bytes]:
-    # Like tritonclient's serialize_byte_tensor: bytes as they are, anything else as str.
-    return [x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel().tolist()]
+        return b"".join(_LEN.pack(len(b)) + b for b in as_bytes_list(array))
+    if array.size and array.flags.c_contiguous and array.dtype.byteorder in _LITTLE:
+        return memoryview(array).cast("B")  # the array's own memory
+    little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+    return little.reshape(-1).view(np.uint8).data
 
 
 def is_uint(value: Any) -> bool:
@@ -192,21 +122,25 @@ def is_uint(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """Decode every input in order, taking binary ones from `binary` one after another."""
+def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec,
+                limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, np.ndarray]:
+    """Decode every input in order, taking binary ones from `binary` one after another.
+    Each input's size is checked against `limits` from its shape, before decoding it."""
     if not isinstance(entries, list) or not entries:
         raise InvalidRequest(
             f"the request needs a non-empty 'inputs' array; model '{spec.name}' takes "
             f"{list(spec.input_names)}"
         )
-    specs = {t.name: t for t in spec.inputs}
+    specs = spec.input_by_name
     arrays: dict[str, np.ndarray] = {}
-    offset = 0
+    offset = elements = 0
     for index, entry in enumerate(entries):
         name, datatype, shape, params = _input_header(entry, index, specs, spec)
         if name in arrays:
             raise InvalidRequest(f"input '{name}' appears twice; send each input once")
         where = f"input '{name}'"
+        elements += num_elements(shape)
+        _check_size(where, shape, elements, spec, limits)
         if "binary_data_size" in params:
             raw = _binary_slice(params["binary_data_size"], where, binary, offset)
             arrays[name] = decode_binary(raw, datatype, shape, where)
@@ -250,7 +184,7 @@ def _input_header(
     params = entry.get("parameters")
     params = {} if params is None else params
     if not isinstance(params, dict):
-        raise InvalidRequest(f"{where}: 'parameters' must be a JSON object, got {params!r}")
+        raise InvalidRequest(f"{where}: 'parameters' must be a JSON object, got {shown(params)}")
     if "shared_memory_region" in params:
         raise InvalidRequest(
             f"{where} uses shared memory, which Raybatch does not support; send the data "
@@ -263,16 +197,16 @@ def _check_shape(shape: Any, tensor: TensorSpec, where: str) -> list[int]:
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
-        raise InvalidRequest(f"{where}: 'shape' must be an array of integers, got {shape!r}")
+        raise InvalidRequest(f"{where}: 'shape' must be an array of integers, got {shown(shape)}")
     if any(d < 0 for d in shape):
         raise InvalidRequest(
-            f"{where} has shape {shape} with a negative dim; a request gives the actual "
+            f"{where} has shape {shown(shape)} with a negative dim; a request gives the actual "
             "size of every dim (-1 is only for model metadata)"
         )
     expected = list(tensor.shape)
     if len(shape) != len(expected):
         raise InvalidRequest(
-            f"{where} has shape {shape} of rank {len(shape)} but the model expects rank "
+            f"{where} has shape {shown(shape)} of rank {len(shape)} but the model expects rank "
             f"{len(expected)}, shape {expected} (-1 = any size)"
         )
     for axis, (got, want) in enumerate(zip(shape, expected)):
@@ -284,11 +218,26 @@ def _check_shape(shape: Any, tensor: TensorSpec, where: str) -> list[int]:
     return shape
 
 
+def _check_size(where: str, shape: list[int], elements: int, spec: ModelSpec,
+                limits: RequestLimits) -> None:
+    """Refuse a request too large to decode, from its shapes alone (nothing allocated yet)."""
+    if spec.max_batch_size > 0 and shape and shape[0] > limits.max_items:
+        raise PayloadTooLarge(
+            f"{where} carries {shape[0]} items (its leading dim), more than this server's "
+            f"limit of {limits.max_items} per request; send them in several requests"
+        )
+    if elements > limits.max_elements:
+        raise PayloadTooLarge(
+            f"the inputs hold {elements} elements (up to {where}), more than this server's "
+            f"limit of {limits.max_elements} per request; send fewer items per request"
+        )
+
+
 def _binary_slice(size: Any, where: str, binary: memoryview | None, offset: int) -> memoryview:
     """The `size` bytes of one input, which start `offset` bytes after the JSON header."""
     if not is_uint(size):
         raise InvalidRequest(
-            f"{where}: binary_data_size must be a non-negative integer, got {size!r}"
+            f"{where}: binary_data_size must be a non-negative integer, got {shown(size)}"
         )
     if binary is None:
         raise InvalidRequest(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from batching.errors import InvalidRequest, ModelError
+from deployments.protocol.limits import shown
 
 # OIP datatype → numpy dtype, little-endian as the binary extension requires.
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -34,6 +35,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 SUPPORTED = ", ".join(NUMPY_DTYPES)
 _BY_NUMPY = {dt: name for name, dt in NUMPY_DTYPES.items() if name != "BYTES"}
 
+
 def check_datatype(datatype: Any, where: str) -> str:
     """Return `datatype` if Raybatch speaks it, else raise `InvalidRequest` saying why.
 
@@ -45,8 +47,10 @@ def check_datatype(datatype: Any, where: str) -> str:
             f"{where} has datatype BF16, which Raybatch does not support "
             "(numpy has no bfloat16); send it as FP32 or FP16"
         )
-    if datatype not in NUMPY_DTYPES:
-        raise InvalidRequest(f"{where} has unknown datatype {datatype!r}; use one of {SUPPORTED}")
+    if not isinstance(datatype, str) or datatype not in NUMPY_DTYPES:
+        raise InvalidRequest(
+            f"{where} has unknown datatype {shown(datatype)}; use one of {SUPPORTED}"
+        )
     return datatype
 
 
@@ -56,12 +60,22 @@ def datatype_of(array: np.ndarray) -> str:
     >>> datatype_of(np.zeros(2, np.float32))
     'FP32'
     """
-    if array.dtype.kind in "OSU":
+    dtype = array.dtype
+    name = _BY_NUMPY.get(dtype)  # native little-endian: the usual case, one lookup
+    if name is not None:
+        return name
+    if dtype.kind in "OSU":
         return "BYTES"
-    name = _BY_NUMPY.get(array.dtype.newbyteorder("<")) if array.dtype.kind != "b" else "BOOL"
+    name = _BY_NUMPY.get(dtype.newbyteorder("<")) if dtype.kind != "b" else "BOOL"
     if name is None:
         raise ModelError(
             f"the model returned an array of dtype {array.dtype}, which has no "
             f"Open Inference Protocol datatype; return one of {SUPPORTED}"
         )
     return name
+
+
+def as_bytes_list(array: np.ndarray) -> list[bytes]:
+    """A BYTES tensor's elements, flat: bytes as they are, anything else as its str in
+    UTF-8 (like tritonclient's `serialize_byte_tensor`)."""
+    return [x if isinstance(x, bytes) else str(x).encode("utf-8") for x in array.ravel().tolist()]

@@ -12,40 +12,56 @@ an event `{"error": "..."}` (the status line is already sent), as Triton does.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
+
 from batching.errors import InvalidRequest
+from deployments.protocol.infer import load_json
+from deployments.protocol.limits import shown
 
 TOP_LEVEL = ("id", "text_input", "parameters")
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def parse_generate_body(body: bytes) -> tuple[str | None, Any, dict[str, Any]]:
     """(request id, text_input, parameters) of a generate request body.
 
+    Strict JSON as for infer; a parameter's value is a scalar or a flat list of them
+    (the model checks which parameters it takes).
+
     >>> parse_generate_body(b'{"text_input": "hi", "max_tokens": 3}')
     (None, 'hi', {'max_tokens': 3})
     """
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    doc = load_json(body)
     if not isinstance(doc, dict):
         raise InvalidRequest("the request body must be a JSON object with 'text_input'")
     if "text_input" not in doc:
         raise InvalidRequest("the request needs 'text_input', the prompt (a string)")
     params = doc.get("parameters", {})
     if not isinstance(params, dict):
-        raise InvalidRequest(f"'parameters' must be a JSON object, got {params!r}")
+        raise InvalidRequest(f"'parameters' must be a JSON object, got {shown(params)}")
     extra = {k: v for k, v in doc.items() if k not in TOP_LEVEL}
     both = sorted(set(extra) & set(params))
     if both:
-        raise InvalidRequest(f"{both} given both at the top level and in 'parameters': "
+        raise InvalidRequest(f"{shown(both)} given both at the top level and in 'parameters': "
                              "give each once")
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidRequest(f"'id' must be a string, got {request_id!r}")
-    return request_id, doc["text_input"], {**params, **extra}
+        raise InvalidRequest(f"'id' must be a string, got {shown(request_id)}")
+    params = {**params, **extra}
+    for key, value in params.items():
+        _check_parameter(key, value)
+    return request_id, doc["text_input"], params
+
+
+def _check_parameter(key: str, value: Any) -> None:
+    if isinstance(value, _SCALARS):
+        return
+    if isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value):
+        return
+    raise InvalidRequest(f"parameter {shown(key)} must be a string, number, true/false or a "
+                         f"flat list of them, got {shown(value)}")
 
 
 def generate_response(model: str, version: str, request_id: str | None,
@@ -60,4 +76,4 @@ def generate_response(model: str, version: str, request_id: str | None,
 
 def sse_event(doc: dict[str, Any]) -> bytes:
     """One server-sent event carrying `doc` as JSON."""
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(doc) + b"\n\n"

@@ -26,46 +26,44 @@ before any array reaches the engine. Unknown models are the ingress's 404.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import orjson
 
 from batching.errors import InvalidRequest, ModelError
 from deployments.protocol.binary import (
+    DEFAULT_LIMITS,
     INFER_HEADER_LENGTH,
+    PayloadTooLarge,
     batch_size_of,
-    encode_binary,
+    binary_view,
     is_uint,
-    json_data,
     read_inputs,
 )
 from deployments.protocol.datatypes import datatype_of
-from deployments.protocol.metadata import (
-    ModelSpec,
-)
+from deployments.protocol.jsondata import json_data
+from deployments.protocol.limits import RequestLimits, shown
+from deployments.protocol.metadata import ModelSpec
 
 __all__ = [
     "InferRequest",
+    "LowerHeaders",
     "PayloadTooLarge",
     "RequestedOutput",
     "check_content_length",
+    "encode_infer_parts",
     "encode_infer_response",
     "error_body",
+    "load_json",
     "parse_infer_request",
 ]
 
 _RESERVED_PREFIX = "triton_"
-
-
-class PayloadTooLarge(InvalidRequest):
-    """The request body (after decompression) is larger than the server accepts."""
-
-    http_status = 413
-
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 class RequestedOutput(NamedTuple):
     """An output the client asked for, and whether it wants it as binary data."""
@@ -123,14 +121,21 @@ class InferRequest:
 def check_content_length(headers: Mapping[str, str], max_body_bytes: int) -> None:
     """Raise `PayloadTooLarge` from the Content-Length header alone, before reading the body."""
     declared = _header(headers, "content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+    if declared is not None and _is_digits(declared) and int(declared) > max_body_bytes:
         raise _too_large(int(declared), max_body_bytes)
 
 
+def _is_digits(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts '²', which `int` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_infer_request(
-    body: bytes, headers: Mapping[str, str], spec: ModelSpec, max_body_bytes: int
+    body: bytes, headers: Mapping[str, str], spec: ModelSpec,
+    limits: RequestLimits | int = DEFAULT_LIMITS,
 ) -> InferRequest:
-    """Parse and validate `POST /v2/models/{name}/infer` against `spec`.
+    """Parse and validate `POST /v2/models/{name}/infer` against `spec`; `limits` (or
+    just the body limit, in bytes) bound what it may carry.
 
     >>> spec = ModelSpec("m", inputs=[TensorSpec("x", "INT32", [-1])],
     ...                  outputs=[TensorSpec("y", "INT32", [-1])], max_batch_size=4)
@@ -138,26 +143,38 @@ def parse_infer_request(
     >>> parse_infer_request(body, {}, spec, 1 << 20).inputs["x"].tolist()
     [1, 2]
     """
-    if len(body) > max_body_bytes:
-        raise _too_large(len(body), max_body_bytes)
-    body = _decompress(body, _header(headers, "content-encoding"), max_body_bytes)
+    if isinstance(limits, int):
+        limits = RequestLimits(max_body_bytes=limits)
+    if len(body) > limits.max_body_bytes:
+        raise _too_large(len(body), limits.max_body_bytes)
+    body = _decompress(body, _header(headers, "content-encoding"), limits.max_body_bytes)
     json_length = _json_length(headers, len(body))
-    doc = _load_json(memoryview(body)[:json_length])
+    view = memoryview(body)
+    doc = load_json(view if json_length is None else view[:json_length], binary_hint=True)
+    if not isinstance(doc, dict):
+        raise InvalidRequest(
+            f"the request JSON must be an object with 'inputs', got {type(doc).__name__}"
+        )
     parameters = _request_parameters(doc.get("parameters"))
-    binary = memoryview(body)[json_length:] if json_length is not None else None
-    inputs = read_inputs(doc.get("inputs"), binary, spec)
+    binary = view[json_length:] if json_length is not None else None
+    inputs = read_inputs(doc.get("inputs"), binary, spec, limits)
     outputs = _requested_outputs(
         doc.get("outputs"), spec, bool(parameters.get("binary_data_output", False))
     )
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidRequest(f"'id' must be a JSON string, got {request_id!r}")
+        raise InvalidRequest(f"'id' must be a JSON string, got {shown(request_id)}")
     return InferRequest(request_id, inputs, parameters, outputs, batch_size_of(inputs, spec))
+
+
+class LowerHeaders(dict):
+    """Headers whose names are all lowercase already (what a server hands over): looked
+    up once, not searched again in other casings."""
 
 
 def _header(headers: Mapping[str, str], lower_name: str) -> str | None:
     value = headers.get(lower_name)
-    if value is None:  # a plain dict with other casing; Starlette's Headers are lowercase
+    if value is None and type(headers) is not LowerHeaders:  # a dict in other casing
         value = next((v for k, v in headers.items() if k.lower() == lower_name), None)
     return None if value is None else str(value).strip()
 
@@ -177,7 +194,7 @@ def _decompress(body: bytes, encoding: str | None, max_body_bytes: int) -> bytes
     wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}.get(encoding)
     if wbits is None:
         raise InvalidRequest(
-            f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none"
+            f"Content-Encoding {shown(encoding)} is not supported; use gzip, deflate or none"
         )
     inflater = zlib.decompressobj(wbits)
     try:
@@ -197,8 +214,10 @@ def _json_length(headers: Mapping[str, str], body_size: int) -> int | None:
     raw = _header(headers, INFER_HEADER_LENGTH.lower())
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise InvalidRequest(f"{INFER_HEADER_LENGTH} must be a non-negative integer, got {raw!r}")
+    if not _is_digits(raw):
+        raise InvalidRequest(
+            f"{INFER_HEADER_LENGTH} must be a non-negative integer, got {shown(raw)}"
+        )
     length = int(raw)
     if length == 0 or length > body_size:
         raise InvalidRequest(
@@ -208,21 +227,30 @@ def _json_length(headers: Mapping[str, str], body_size: int) -> int | None:
     return length
 
 
-def _load_json(raw: memoryview) -> dict[str, Any]:
+def load_json(raw: bytes | memoryview, binary_hint: bool = False) -> Any:
+    """Strict JSON (RFC 8259, via orjson): NaN, Infinity, numbers that overflow a double
+    (1e999, a 5,000-digit integer) and nesting past 1,024 levels are refused with a 400
+    that says so, as is text that is not UTF-8."""
     try:
-        doc = json.loads(raw.tobytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if not _is_utf8(raw):
+            hint = (f"; if the body carries binary tensors, set {INFER_HEADER_LENGTH} to "
+                    "the length of its JSON part") if binary_hint else ""
+            raise InvalidRequest(f"the request body is not valid JSON: it is not UTF-8{hint}"
+                                 ) from None
         raise InvalidRequest(
-            f"the request JSON is not UTF-8 ({exc}); if the body carries binary tensors, "
-            f"set {INFER_HEADER_LENGTH} to the length of its JSON part"
+            f"the request body is not valid JSON: {exc}. Numbers must be finite and fit a "
+            "double (no NaN or Infinity; integers up to 64 bits)"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest(
-            f"the request JSON must be an object with 'inputs', got {type(doc).__name__}"
-        )
-    return doc
+
+
+def _is_utf8(raw: bytes | memoryview) -> bool:
+    try:
+        bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _request_parameters(raw: Any) -> dict[str, Any]:
@@ -230,7 +258,7 @@ def _request_parameters(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise InvalidRequest(f"'parameters' must be a JSON object, got {raw!r}")
+        raise InvalidRequest(f"'parameters' must be a JSON object, got {shown(raw)}")
     for key, value in raw.items():
         if key.startswith(_RESERVED_PREFIX):
             raise InvalidRequest(
@@ -239,16 +267,17 @@ def _request_parameters(raw: Any) -> dict[str, Any]:
         if key in ("priority", "timeout") and not is_uint(value):
             unit = " in microseconds" if key == "timeout" else " (1 = highest, 0 = default)"
             raise InvalidRequest(
-                f"parameter '{key}' must be a non-negative integer{unit}, got {value!r}"
+                f"parameter '{key}' must be a non-negative integer{unit}, got {shown(value)}"
             )
         if key == "sequence_id" and not (is_uint(value) or isinstance(value, str)):
             raise InvalidRequest(
-                f"parameter 'sequence_id' must be a non-negative integer or a string, got {value!r}"
+                "parameter 'sequence_id' must be a non-negative integer or a string, got "
+                f"{shown(value)}"
             )
         if key in ("sequence_start", "sequence_end", "binary_data_output") and not isinstance(
             value, bool
         ):
-            raise InvalidRequest(f"parameter '{key}' must be true or false, got {value!r}")
+            raise InvalidRequest(f"parameter '{key}' must be true or false, got {shown(value)}")
     return dict(raw)
 
 
@@ -257,7 +286,7 @@ def _requested_outputs(raw: Any, spec: ModelSpec, default_binary: bool) -> list[
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise InvalidRequest(f"'outputs' must be a JSON array, got {raw!r}")
+        raise InvalidRequest(f"'outputs' must be a JSON array, got {shown(raw)}")
     requested: list[RequestedOutput] = []
     for index, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -265,7 +294,7 @@ def _requested_outputs(raw: Any, spec: ModelSpec, default_binary: bool) -> list[
         name = entry["name"]
         if name not in spec.output_names:
             raise InvalidRequest(
-                f"model '{spec.name}' has no output '{name}'; its outputs are "
+                f"model '{spec.name}' has no output {shown(name)}; its outputs are "
                 f"{list(spec.output_names)}"
             )
         if any(r.name == name for r in requested):
@@ -283,7 +312,7 @@ def _requested_outputs(raw: Any, spec: ModelSpec, default_binary: bool) -> list[
         binary = params.get("binary_data", default_binary)
         if not isinstance(binary, bool):
             raise InvalidRequest(
-                f"output '{name}': binary_data must be true or false, got {binary!r}"
+                f"output '{name}': binary_data must be true or false, got {shown(binary)}"
             )
         requested.append(RequestedOutput(name, binary))
     return requested
@@ -307,24 +336,40 @@ def encode_infer_response(
     >>> headers["Content-Type"], body[:22]
     ('application/json', b'{"model_name":"m","mod')
     """
+    parts, headers = encode_infer_parts(model_name, model_version, request_id, outputs,
+                                        outputs_requested, default_binary)
+    return (parts[0] if len(parts) == 1 else b"".join(parts)), headers
+
+
+def encode_infer_parts(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
+    default_binary: bool,
+) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """As `encode_infer_response`, with the body in parts: the JSON, then each binary
+    output as a view of its array's memory where it can be (no copy), for a server that
+    writes them one after another."""
     selected = outputs_requested or [RequestedOutput(n, default_binary) for n in outputs]
-    chunks: list[bytes] = []  # binary outputs' bytes, in the order of their entries
+    chunks: list[bytes | memoryview] = []  # binary outputs, in the order of their entries
     entries = [_output_entry(name, binary, outputs, chunks) for name, binary in selected]
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request_id:
         doc["id"] = request_id
     doc["outputs"] = entries
-    header = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    header = orjson.dumps(doc, option=_NUMPY)
     if not chunks:
-        return header, {"Content-Type": "application/json"}
-    return b"".join([header, *chunks]), {
+        return [header], {"Content-Type": "application/json"}
+    return [header, *chunks], {
         "Content-Type": "application/octet-stream",
         INFER_HEADER_LENGTH: str(len(header)),
     }
 
 
 def _output_entry(
-    name: str, binary: bool, outputs: Mapping[str, np.ndarray], chunks: list[bytes]
+    name: str, binary: bool, outputs: Mapping[str, np.ndarray], chunks: list
 ) -> dict[str, Any]:
     if name not in outputs:
         raise ModelError(
@@ -335,7 +380,7 @@ def _output_entry(
     entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array)}
     entry["shape"] = list(array.shape)
     if binary:
-        raw = encode_binary(array)
+        raw = binary_view(array)
         entry["parameters"] = {"binary_data_size": len(raw)}
         chunks.append(raw)
     else:
@@ -345,4 +390,4 @@ def _output_entry(
 
 def error_body(message: str) -> bytes:
     """The OIP error body: `{"error": message}`."""
-    return json.dumps({"error": message}).encode("utf-8")
+    return orjson.dumps({"error": message})

@@ -71,10 +71,13 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     max_batch_size: int = 0
+    input_by_name: dict[str, TensorSpec] = field(init=False, repr=False, compare=False)
+    """The inputs by name, for the decoder (built once, not per request)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "input_by_name", {t.name: t for t in self.inputs})
         if not self.inputs or not self.outputs:
             raise ValueError(f"model '{self.name}' needs at least one input and one output")
         if self.max_batch_size < 0:

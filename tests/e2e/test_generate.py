@@ -74,11 +74,11 @@ def test_32_concurrent_prompts_equal_one_at_a_time_token_for_token(app):
     assert after["steps"] - before["steps"] < tokens
 
 
-def test_stream_sends_one_event_per_step_then_a_final_one(app):
+def test_stream_sends_one_event_per_step_then_a_final_one(front_url):
     async def main():
         async with aiohttp.ClientSession() as s:
-            events = await _stream(s, app.base_url, "Once upon", max_tokens=10)
-            whole = await _generate(s, app.base_url, "Once upon", max_tokens=10)
+            events = await _stream(s, front_url, "Once upon", max_tokens=10)
+            whole = await _generate(s, front_url, "Once upon", max_tokens=10)
             return events, whole
 
     events, (_status, whole) = arun(main(), 60)
@@ -89,11 +89,11 @@ def test_stream_sends_one_event_per_step_then_a_final_one(app):
     assert [e["index"] for e in events[:-1]] == sorted(e["index"] for e in events[:-1])
 
 
-def test_a_client_that_disconnects_mid_stream_cancels_its_generation(app):
+def test_a_client_that_disconnects_mid_stream_cancels_its_generation(app, front_url):
     async def main():
         async with aiohttp.ClientSession() as s:
             body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
-            r = await s.post(f"{app.base_url}/v2/models/tinylm/generate_stream", json=body)
+            r = await s.post(f"{front_url}/v2/models/tinylm/generate_stream", json=body)
             seen = 0
             async for line in r.content:
                 seen += line.startswith(b"data: ")
@@ -118,11 +118,11 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(app):
     ({"text_input": "", "parameters": {}}, 400, "prompt"),
     ({"text_input": 5}, 400, "text_input"),
 ])
-def test_bad_generate_requests_get_a_clear_400(app, body, status, words):
+def test_bad_generate_requests_get_a_clear_400(front_url, body, status, words):
     async def main():
         async with aiohttp.ClientSession() as s:
             for path in ("generate", "generate_stream"):
-                async with s.post(f"{app.base_url}/v2/models/tinylm/{path}", json=body) as r:
+                async with s.post(f"{front_url}/v2/models/tinylm/{path}", json=body) as r:
                     assert r.status == status, (path, await r.text())
                     assert words in (await r.json())["error"]
 

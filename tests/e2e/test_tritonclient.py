@@ -11,8 +11,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def client(app):
-    c = httpclient.InferenceServerClient(f"127.0.0.1:{app.port}", network_timeout=60)
+def client(front_url):  # through Serve's proxy, and the fast path
+    c = httpclient.InferenceServerClient(front_url.removeprefix("http://"), network_timeout=60)
     yield c
     c.close()
 

@@ -27,8 +27,8 @@ def body(data, *, name="INPUT0", datatype="FP32", shape=None, **parameters) -> d
 
 
 @pytest.fixture
-def http(app):
-    with httpx.Client(base_url=app.base_url, timeout=30) as client:
+def http(front_url):  # through Serve's proxy, and the fast path
+    with httpx.Client(base_url=front_url, timeout=30) as client:
         yield client
 
 
@@ -107,8 +107,8 @@ async def wait_for_state(app, model: str, **want: int) -> None:
     raise AssertionError(f"{model} never reached {want}: {s}")
 
 
-def test_a_full_queue_is_429_with_retry_after(app, gate):
-    url = f"{app.base_url}/v2/models/gated/infer"
+def test_a_full_queue_is_429_with_retry_after(app, gate, front_url):
+    url = f"{front_url}/v2/models/gated/infer"
 
     async def main():
         async with httpx.AsyncClient(timeout=60) as client:
@@ -132,8 +132,8 @@ def test_a_full_queue_is_429_with_retry_after(app, gate):
     assert [r.json()["outputs"][0]["data"] for r in done] == [[2.0], [3.0], [4.0]]
 
 
-def test_a_timeout_that_expires_in_the_queue_is_504(app, gate):
-    url = f"{app.base_url}/v2/models/gated/infer"
+def test_a_timeout_that_expires_in_the_queue_is_504(app, gate, front_url):
+    url = f"{front_url}/v2/models/gated/infer"
 
     async def main():
         async with httpx.AsyncClient(timeout=60) as client:

@@ -12,6 +12,7 @@ from tritonclient.utils import np_to_triton_dtype
 from deployments.protocol import (
     INFER_HEADER_LENGTH,
     ModelSpec,
+    RequestLimits,
     TensorSpec,
     parse_infer_request,
 )
@@ -49,8 +50,9 @@ def triton_body(arrays: dict, binary=True, **kwargs) -> tuple[bytes, dict[str, s
     return body, headers
 
 
-def parse(body: bytes, headers: dict | None = None, spec: ModelSpec = SPEC, limit: int = LIMIT):
-    return parse_infer_request(body, headers or {}, spec, limit)
+def parse(body: bytes, headers: dict | None = None, spec: ModelSpec = SPEC, limit: int = LIMIT,
+          limits: RequestLimits | None = None):
+    return parse_infer_request(body, headers or {}, spec, limits or limit)
 
 
 def decode(body: bytes, headers: dict[str, str]) -> httpclient.InferResult:

@@ -169,8 +169,9 @@ def test_error_body_is_what_tritonclient_reads():
 
 def test_protocol_imports_neither_ray_nor_a_web_framework():
     script = (
-        "import sys, deployments.protocol.infer\n"
-        "heavy = ('ray', 'fastapi', 'starlette', 'tritonclient')\n"
+        "import sys, deployments.protocol, deployments.protocol.generate\n"
+        "heavy = ('ray', 'fastapi', 'starlette', 'tritonclient', 'uvicorn', 'httptools',\n"
+        "         'deployments.http')\n"
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[4]

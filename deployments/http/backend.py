@@ -1,0 +1,58 @@
+"""The seam between the HTTP front and what serves the models.
+
+The front parses and answers; a `Backend` runs things: in a Serve ingress replica
+it is `deployments.ingress.ServeBackend` (the models' `ModelRoute`s and batching
+actors); in a unit test or an in-process benchmark, a fake with a model or two. The
+front never imports Ray, so it can be driven, and measured, without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from deployments.protocol import InferRequest, ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """A served model as the front sees it: its name, version and tensors."""
+
+    name: str
+    version: str
+    spec: ModelSpec
+
+
+class Backend(Protocol):
+    def models(self) -> Sequence[ModelEntry]:
+        """Every served model."""
+        ...
+
+    def model(self, name: str, version: str | None = None) -> ModelEntry:
+        """The model `name` (at `version`, when given); `UnknownModel` (404) if none."""
+        ...
+
+    async def ready(self, model: ModelEntry) -> bool:
+        """Whether `model` can serve now."""
+        ...
+
+    async def stats(self, model: ModelEntry) -> dict[str, Any]:
+        """`model`'s statistics as one `$model_stat` object of Triton's extension."""
+        ...
+
+    async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
+        """The outputs of one parsed infer request, or the error that ended it."""
+        ...
+
+    async def generate(self, model: ModelEntry, text: Any,
+                       params: dict[str, Any]) -> dict[str, Any]:
+        """A whole generation: {"text_output", "finish_reason", "num_tokens", ...}."""
+        ...
+
+    def generate_stream(self, model: ModelEntry, text: Any,
+                        params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A generation's events; closing the iterator early cancels the generation."""
+        ...

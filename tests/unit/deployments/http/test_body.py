@@ -1,0 +1,103 @@
+"""The body reader: whole bodies in one piece or many, refused while reading when too
+large, stopped when they stall, and never read on past the limit."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from deployments.http.body import read_body
+from deployments.http.errors import BodyTimeout, ClientGone
+from deployments.protocol import PayloadTooLarge
+from tests.unit.deployments.http.fakes import run
+
+
+class Feed:
+    """An ASGI `receive` over given pieces; counts what was taken. `None` stalls."""
+
+    def __init__(self, pieces, then_disconnect: bool = False) -> None:
+        self.pieces = iter(pieces)
+        self.pending = next(self.pieces, StopIteration)
+        self.taken = 0
+        self.then_disconnect = then_disconnect
+
+    async def __call__(self) -> dict:
+        if self.pending is None:
+            await asyncio.Event().wait()  # stalls forever
+        if self.pending is StopIteration:
+            return {"type": "http.disconnect"}
+        piece, self.pending = self.pending, next(self.pieces, StopIteration)
+        self.taken += 1
+        more = self.pending is not StopIteration or self.then_disconnect
+        return {"type": "http.request", "body": piece, "more_body": more}
+
+
+def read(feed, limit=100, timeout_s=5.0, declared=None):
+    return run(read_body(feed, limit, timeout_s, declared))
+
+
+def test_one_piece_comes_back_as_it_came():
+    piece = b'{"a": 1}'
+    assert read(Feed([piece])) is piece
+
+
+def test_chunked_pieces_are_joined():
+    assert read(Feed([b"ab", b"", b"cd", b"e"])) == b"abcde"
+
+
+def test_an_empty_body():
+    assert read(Feed([b""])) == b""
+
+
+def test_a_body_of_exactly_the_limit_is_accepted():
+    assert read(Feed([b"x" * 60, b"y" * 40]), limit=100) == b"x" * 60 + b"y" * 40
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading():
+    feed = Feed([b"x" * 10])
+    with pytest.raises(PayloadTooLarge, match=r"is 101 bytes \(Content-Length\), more than "
+                                              r"this server's limit of 100"):
+        read(feed, declared=101)
+    assert feed.taken == 0
+
+
+def test_a_chunked_body_is_refused_at_the_piece_that_passes_the_limit():
+    feed = Feed([b"x" * 40] * 10)
+    with pytest.raises(PayloadTooLarge) as info:
+        read(feed)
+    assert info.value.http_status == 413 and "more than 100 bytes" in str(info.value)
+    assert feed.taken == 3  # 120 bytes read of the 400 sent; the rest never
+
+
+def test_a_body_that_never_ends_is_refused_without_reading_on():
+    feed = Feed(itertools.repeat(b"x" * 1024))
+    with pytest.raises(PayloadTooLarge):
+        read(feed, limit=64 * 1024)
+    assert feed.taken == 65
+
+
+def test_a_body_that_stalls_is_a_408():
+    feed = Feed([b"x" * 10, None])
+    with pytest.raises(BodyTimeout) as info:
+        read(feed, timeout_s=0.05)
+    assert info.value.http_status == 408 and "stalled" in str(info.value)
+
+
+def test_the_timeout_counts_from_the_last_piece():
+    async def slow_pieces():
+        feed = Feed([b"a", b"b", b"c", b"d"])
+
+        async def receive():
+            await asyncio.sleep(0.03)  # each piece well within 0.05 s; all four past it
+            return await feed()
+
+        return await read_body(receive, 100, 0.05)
+
+    assert run(slow_pieces()) == b"abcd"
+
+
+def test_a_client_that_hangs_up_mid_body():
+    with pytest.raises(ClientGone):
+        read(Feed([b"abc"], then_disconnect=True))
