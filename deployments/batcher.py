@@ -158,12 +158,13 @@ class BatcherActor:
 
 
 def shard_config(config: ModelConfig) -> ModelConfig:
-    """The config one shard runs: its share (rounded up) of the model's replicas."""
+    """The config one shard runs: its share (rounded up) of the model's replicas, and the
+    default queue bound for that share (`limits.queue_batches`) where the policy has none."""
     n = config.batcher.shards
     r = config.replicas
     share = r.model_copy(update={"min_replicas": -(-r.min_replicas // n),
                                  "max_replicas": -(-r.max_replicas // n)})
-    return config.model_copy(update={"replicas": share})
+    return config.model_copy(update={"replicas": share}).bounded()
 
 
 def _outcome(key: Any, fut: asyncio.Future) -> Outcome:

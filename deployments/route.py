@@ -26,6 +26,7 @@ from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect
 from deployments.protocol.datatypes import NUMPY_DTYPES
+from deployments.protocol.infer import PayloadTooLarge
 
 
 class ModelRoute:
@@ -40,6 +41,7 @@ class ModelRoute:
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
+        self.max_request_items = config.max_request_items
         self._dtype = NUMPY_DTYPES[self._output.datatype]
 
     def input_array(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -55,6 +57,10 @@ class ModelRoute:
         if len(array) == 0:
             raise InvalidRequest(f"input {tensor.name!r} has an empty batch dimension: "
                                  "send at least one item")
+        if len(array) > self.max_request_items:
+            raise PayloadTooLarge(f"input {tensor.name!r} carries {len(array)} items; model "
+                                  f"{self.config.name!r} takes at most {self.max_request_items} "
+                                  "per request (limits.max_request_items): split it")
         return array
 
     async def run(self, array: np.ndarray, priority: int | None, timeout_s: float | None,
