@@ -266,6 +266,9 @@ class IngressConfig(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     default_timeout_s: float | None = Field(default=None, gt=0)
     """Deadline of a request that names none; None: no deadline."""
+    drain_timeout_s: float = Field(default=15.0, gt=0)
+    """On delete or redeploy: how long the batching actors may take to finish the requests
+    they accepted (new ones get 503) before what is left fails with 503."""
 
 
 class RaybatchConfig(BaseModel):

@@ -30,10 +30,16 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         for m in config.models
         for shard in range(m.batcher.shards)
     ]
+    drain_s = config.ingress.drain_timeout_s
     deployment = Ingress.options(
         num_replicas=config.ingress.num_replicas,
         ray_actor_options={"num_cpus": config.ingress.num_cpus},
         deployment_actors=actors,
+        # Serve force-kills a stopping replica this long after asking it to stop: room
+        # for its own requests to finish, then for the batching actors' drain (its
+        # __del__, deployments.drain). Checked 4x a second, not every 2 s.
+        graceful_shutdown_timeout_s=2 * drain_s + 5,
+        graceful_shutdown_wait_loop_s=0.25,
     )
     return deployment.bind(config.model_dump_json())
 

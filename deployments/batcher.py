@@ -29,8 +29,9 @@ from typing import Any
 
 import ray
 
-from batching.errors import InvalidRequest, RaybatchError, portable
+from batching.errors import Draining, InvalidRequest, RaybatchError, portable
 from cluster.config import ModelConfig
+from deployments.drain import Attachments
 from deployments.generation import StreamHub
 from deployments.hosts import Host, make_host, model_kind, submit_bundle_item
 from deployments.pool import ReplicaPool
@@ -55,6 +56,8 @@ class BatcherActor:
         self._ids = itertools.count()
         self._by_key: dict[tuple[str, Any], int] = {}  # (caller, key) -> open request id
         self.cancelled_by_caller = 0
+        self.attachments = Attachments()  # the ingress replicas that use this actor
+        self.draining: str | None = None  # why new requests are refused (deployments.drain)
         self._started: asyncio.Future | None = None
         self.host: Host | None = None
         self.pool: ReplicaPool | None = None
@@ -91,6 +94,8 @@ class BatcherActor:
         opened: dict[asyncio.Future, tuple[Any, int]] = {}  # future -> (key, request id)
         out: list[Outcome] = []
         by_key = self._by_key
+        if self.draining is not None:
+            return [(entry[0], None, Draining(self.draining)) for entry in bundle]
         for entry in bundle:
             rid = next(self._ids)
             try:
@@ -135,8 +140,9 @@ class BatcherActor:
         """Start `(key, prompt, params)` generations for `caller`; (key, error) of those
         refused at once (bad parameters, queue full)."""
         await self._ensure_started()
-        if self.hub is None:
-            error = InvalidRequest(f"model {self.config.name!r} is not generative: use infer")
+        if self.hub is None or self.draining is not None:
+            error = (Draining(self.draining) if self.draining is not None else
+                     InvalidRequest(f"model {self.config.name!r} is not generative: use infer"))
             return [(key, error) for key, *_ in entries]
         return self.hub.start(caller, entries)
 
@@ -149,12 +155,42 @@ class BatcherActor:
         if self.hub is not None:
             self.hub.cancel(caller, keys)
 
+    # -- draining on delete and redeploy (see deployments.drain) ---------------------------
+    async def attach(self, replica_id: str, replica: Any) -> None:
+        """An ingress replica uses this actor (called at its start and as a heartbeat)."""
+        self.attachments.attach(replica_id, replica)
+
+    async def detach(self, replica_id: str, grace_s: float) -> dict[str, Any]:
+        """An ingress replica is stopping. If no live one is left, this actor is about to
+        be killed: refuse new requests with Draining and run what was accepted, for up to
+        `grace_s`, before answering."""
+        left = await self.attachments.detach(replica_id)
+        if left or self.host is None:
+            return {"drained": False, "replicas_left": left}
+        return await self._drain(grace_s)
+
+    async def _drain(self, grace_s: float) -> dict[str, Any]:
+        assert self.host is not None
+        self.draining = (f"model {self.config.name!r} is being redeployed or deleted: this "
+                         "batching actor takes no new requests; nothing of this one ran, retry")
+        before = self.host.stats()
+        open_ = before["open_requests"]
+        await self.host.close(grace_s, reason="the batching actor was stopped")
+        after = self.host.stats()
+        failed = after.get("fail", {}).get("count", 0) - before.get("fail", {}).get("count", 0)
+        log.info("batcher for %s drained: %d open requests, %d failed", self.config.name,
+                 open_, failed)
+        return {"drained": True, "open_requests": open_, "failed": failed,
+                "left_open": after["open_requests"]}
+
     async def stats(self) -> dict[str, Any]:
         await self._ensure_started()
         assert self.host is not None and self.pool is not None
         info = [{**r, "shard": self.shard} for r in await self.pool.info()]
         return {**self.host.stats(), "kind": self.kind, "replica_info": info,
-                "cancelled_by_caller": self.cancelled_by_caller}
+                "cancelled_by_caller": self.cancelled_by_caller,
+                "attached_ingress_replicas": len(self.attachments),
+                "draining": self.draining is not None}
 
 
 def shard_config(config: ModelConfig) -> ModelConfig:

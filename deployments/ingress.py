@@ -24,6 +24,7 @@ from ray import serve
 
 from batching.errors import RaybatchError, http_status
 from cluster.config import ModelConfig, RaybatchConfig
+from deployments.drain import IngressDrain
 from deployments.protocol import (
     ModelSpec,
     TensorSpec,
@@ -66,6 +67,15 @@ def batch_limit(m: ModelConfig) -> int:
     """Most requests one batch (or generation step) of `m` carries."""
     policy = m.batching
     return getattr(policy, "max_batch_size", None) or policy.max_active
+
+
+def _this_actor() -> Any:
+    import ray
+
+    try:
+        return ray.get_runtime_context().current_actor
+    except Exception:  # not in an actor (a local test): batching actors cannot ping it
+        return None
 
 
 def _actor_getter(name: str) -> Any:
@@ -126,7 +136,15 @@ class Ingress:
         self.config = RaybatchConfig.model_validate_json(config_json)
         timeout = self.config.ingress.default_timeout_s
         self.models = {m.name: _Model(m, timeout) for m in self.config.models}
+        names = [n for m in self.models.values() for n in m.names]
+        self.drain = IngressDrain(lambda: [serve.get_deployment_actor(n) for n in names],
+                                  self.config.ingress.drain_timeout_s, _this_actor())
         await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
+        await self.drain.attach()
+
+    async def __del__(self) -> None:
+        """Serve's last hook before it kills the batching actors: drain them."""
+        await self.drain.finish()
 
     async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -198,7 +216,8 @@ class Ingress:
 
     @api.get("/v2/health/ready")
     async def ready(self) -> Response:
-        ok = all([await self._is_ready(m) for m in self.models.values()])
+        ok = not self.drain.draining and all([await self._is_ready(m)
+                                               for m in self.models.values()])
         return Response(status_code=200 if ok else 503)
 
     # Before /v2/models/{model}, which would take "stats" for a model name.
@@ -299,6 +318,7 @@ class Ingress:
         return body
 
     def _model(self, name: str, version: str | None = None) -> _Model:
+        self.drain.check()  # every model route comes here: 503 once draining
         m = self.models.get(name)
         if m is None:
             raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.models)}")
