@@ -47,6 +47,13 @@ class ServiceClosed(RaybatchError):
     http_status = 503
 
 
+class Draining(ServiceClosed):
+    """Refused at once because the service is draining (a redeploy or delete): nothing of
+    the request ran, so it is safe to send again (to the new deployment)."""
+
+    http_status = 503
+
+
 class WorkerDied(RaybatchError):
     """The process or actor running the model died with this request in flight."""
 

@@ -11,8 +11,11 @@ in policy, not in this, so it is written once.
 
 Invariants: at most one pump is scheduled and one timer armed (`_timer_at` is its
 deadline, inf when none); every task a host starts stays referenced in `_tasks`
-until it ends, so none is collected mid-flight. The clock is injected (`clock`);
-never imports Ray.
+until it ends, so none is collected mid-flight. What a batch sends is captured when
+the pump forms it (`Dispatched.inputs`), never read back from the open requests
+later: a request cancelled between forming and sending (or before a retry) ends
+alone, and its batch-mates still run on exactly the inputs they were formed with.
+The clock is injected (`clock`); never imports Ray.
 """
 
 from __future__ import annotations
@@ -48,6 +51,18 @@ class ReplicaSlot:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.inflight = 0
+
+
+class Dispatched:
+    """A batch the pump formed, with the inputs it sends (captured then: see the note at
+    the top) and whether it was already retried after its replica died."""
+
+    __slots__ = ("batch", "inputs", "retried")
+
+    def __init__(self, batch: Any, inputs: Any) -> None:
+        self.batch = batch
+        self.inputs = inputs
+        self.retried = False
 
 
 class Drainable(Protocol):

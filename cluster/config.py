@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from batching.dynamic.policy import DynamicPolicy
+from batching.dynamic.policy import DynamicPolicy, QueuePolicy
 from batching.iterative.policy import IterativePolicy
 from batching.sequence.policy import SequencePolicy
 from cluster.k8s.settings import KubernetesConfig
@@ -185,6 +185,24 @@ class BatcherConfig(BaseModel):
     """CPUs each batching actor reserves."""
 
 
+class LimitsConfig(BaseModel):
+    """What one model accepts before it refuses: bounded by default, so overload answers
+    429 early instead of growing the batching actor's memory and everyone's latency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue_batches: int | None = Field(default=8, ge=1)
+    """Default bound of each batching shard's queue, in batches per replica: at most
+    queue_batches x batch size x the shard's max_replicas requests wait (batch size:
+    max_batch_size; max_active for generative models; for stateful models it bounds the
+    sequence starts waiting for a slot). One more is refused with QueueFull (HTTP 429 with
+    Retry-After). Used only where the batching policy sets no bound itself
+    (max_queue_size, max_pending_sequences); None: unbounded (not recommended)."""
+    max_request_items: int | None = Field(default=None, ge=1)
+    """Most items (the leading dimension) one request may carry; more is refused with HTTP
+    413 before it is queued. None: 16 x max_batch_size."""
+
+
 def _policy_kind(value: Any) -> str:
     """The `kind` of a batching block; a block without one is dynamic batching."""
     kind = value.get("kind", "dynamic") if isinstance(value, dict) else getattr(value, "kind",
@@ -221,6 +239,37 @@ class ModelConfig(BaseModel):
     batcher: BatcherConfig = BatcherConfig()
     warmup: WarmupConfig = WarmupConfig()
     """Batches each replica runs before it reports ready (dynamic models)."""
+    limits: LimitsConfig = LimitsConfig()
+
+    @property
+    def batch_size(self) -> int:
+        """Most requests one batch (or generation step) carries."""
+        policy = self.batching
+        return getattr(policy, "max_batch_size", None) or policy.max_active  # type: ignore
+
+    @property
+    def max_request_items(self) -> int:
+        """Most items one request may carry (`limits.max_request_items`, or its default)."""
+        return self.limits.max_request_items or 16 * self.batch_size
+
+    def bounded(self) -> ModelConfig:
+        """This config with the default queue bound (`limits.queue_batches`) written into
+        every queue of its batching policy that has none of its own."""
+        batches = self.limits.queue_batches
+        if batches is None:
+            return self
+        policy = self.batching
+        per_replica = getattr(policy, "sequences_per_replica", self.batch_size)
+        bound = batches * per_replica * max(self.replicas.max_replicas, 1)
+        if isinstance(policy, SequencePolicy):
+            if policy.max_pending_sequences is None:
+                policy = policy.model_copy(update={"max_pending_sequences": bound})
+        elif isinstance(policy, IterativePolicy):
+            if policy.max_queue_size is None:
+                policy = policy.model_copy(update={"max_queue_size": bound})
+        else:
+            policy = _bound_levels(policy, bound)
+        return self.model_copy(update={"batching": policy})
 
     @field_validator("name")
     @classmethod
@@ -265,6 +314,17 @@ class ModelConfig(BaseModel):
         return self
 
 
+def _bound_levels(policy: DynamicPolicy, bound: int) -> DynamicPolicy:
+    def fill(q: QueuePolicy) -> QueuePolicy:
+        return q if q.max_queue_size is not None else q.model_copy(
+            update={"max_queue_size": bound})
+
+    return policy.model_copy(update={
+        "default_queue_policy": fill(policy.default_queue_policy),
+        "priority_queue_policy": {k: fill(q) for k, q in policy.priority_queue_policy.items()},
+    })
+
+
 class IngressConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -300,6 +360,9 @@ class IngressConfig(BaseModel):
     """Deadline of a request that names none; None: no deadline."""
     grpc_port: int | None = Field(default=9000, ge=1, le=65535)
     """Port of the KServe v2 / Triton gRPC service (Serve's gRPC proxy); None: no gRPC."""
+    drain_timeout_s: float = Field(default=15.0, gt=0)
+    """On delete or redeploy: how long the batching actors may take to finish the requests
+    they accepted (new ones get 503) before what is left fails with 503."""
 
 
 class MetricsConfig(BaseModel):

@@ -8,7 +8,9 @@ the caller's process what the ingress does: validate, pick the least-loaded
 shard (for a sequence, the shard that holds it), and coalesce every request of
 one event-loop tick into one call; generations share one long poll per
 batching actor. If a batching actor was recreated, the failed requests get `WorkerDied`
-and the next call fetches the route again.
+and the next call fetches the route again. A request refused with `Draining` (the app
+is being redeployed: nothing of it ran) is sent again, on a freshly fetched route, for
+up to `DRAIN_RETRY_S`.
 
     client = RaybatchClient()                       # the app named "raybatch"
     out = await client.infer("mlp", {"INPUT0": x})  # {"OUTPUT0": y}
@@ -25,9 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from batching.errors import WorkerDied
+from batching.errors import Draining, WorkerDied
 from cluster.config import ModelConfig
 from deployments.route import ModelRoute
+
+DRAIN_RETRY_S = 10.0
 
 
 class RaybatchClient:
@@ -48,12 +52,28 @@ class RaybatchClient:
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Outputs of one request; raises the error that ended it (QueueFull, ...)."""
-        route = await self._route(model)
-        try:
-            return await route.infer(inputs, parameters)
-        except WorkerDied:
-            self._routes.pop(model, None)  # maybe a recreated actor: ask again next time
-            raise
+        pause_s, waited_s = 0.02, 0.0
+        while True:
+            route = await self._route(model)
+            try:
+                return await route.infer(inputs, parameters)
+            except WorkerDied:
+                self._forget(model, route)  # maybe a recreated actor: ask again next time
+                raise
+            except Draining:  # refused before anything ran: the new deployment takes it
+                self._forget(model, route)
+                if waited_s >= DRAIN_RETRY_S:
+                    raise
+            await asyncio.sleep(pause_s)
+            waited_s += pause_s
+            pause_s = min(pause_s * 2, 0.5)
+
+    def _forget(self, model: str, route: ModelRoute) -> None:
+        """Drop the cached route of `model` if it still is `route` (fetch it again)."""
+        fut = self._routes.get(model)
+        if (fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+                and fut.result() is route):
+            del self._routes[model]
 
     async def generate(self, model: str, text_input: str,
                        parameters: dict[str, Any] | None = None) -> dict[str, Any]:

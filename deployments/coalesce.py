@@ -1,4 +1,4 @@
-"""Coalescing: many concurrent requests, one Ray call.
+"""Coalescing: many concurrent requests, one Ray call; many cancels, one more.
 
 Whatever requests arrive during one event-loop tick go to the batching actor
 in bundles of at most `bundle_items` items (one batch's worth), one plain Ray
@@ -8,13 +8,28 @@ request's future by its key; a bundle whose call fails (the batching actor
 died) fails its requests with `WorkerDied`: nothing accepted is silently dropped.
 Bundles of one batch keep the pipeline full: the first batch's answers do not
 wait for the next batch's.
+
+A caller that gives up (its task is cancelled: a `RaybatchClient` caller, or
+Serve cancelling the ingress handler of an HTTP client that went away) cancels
+its future. A request not yet sent is simply left out of its bundle; one already
+sent is cancelled at the batching actor, where it never runs if it is still
+queued. The cancels of one tick go in one call per actor, like the bundles.
+Invariants: a bundle's Ray call is submitted in the same tick as its flush
+(not inside a task), so a cancel that follows it is submitted after it and the
+actor sees the request before its cancel. Flushes run in a fresh `contextvars`
+context (`detached`): Ray takes the parent of a call made in an async actor from
+the context (`ray._raylet.async_task_id`), and the flush would otherwise inherit
+the first submitter's, so Serve cancelling that one HTTP request would cancel
+the whole bundle's call, and every batch-mate in it with `WorkerDied`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class Coalescer:
-    """Bundles submissions to one batching actor.
+    """Bundles submissions (and cancels) to one batching actor.
 
     `get_actor` returns the current actor handle; it is asked again after a
     failure, since a recreated actor has a new handle.
@@ -35,12 +50,15 @@ class Coalescer:
         self._get_actor = get_actor
         self._bundle_items = bundle_items
         self._on_lost = on_lost  # told how many requests a failed bundle ended (metrics)
+        self.caller = uuid.uuid4().hex  # names this coalescer's keys at the actor
         self._calls: set[asyncio.Task] = set()  # referenced, so none is collected mid-flight
         self._actor: Any = None
         self._keys = itertools.count()
         self._pending: list[tuple] = []
         self._futures: dict[int, asyncio.Future] = {}
+        self._to_cancel: list[int] = []
         self.bundles_sent = 0
+        self.cancels_sent = 0
 
     @property
     def outstanding(self) -> int:
@@ -49,42 +67,53 @@ class Coalescer:
 
     def submit(self, items: Any, priority: int | None, timeout_s: float | None,
                control: Any = None) -> asyncio.Future:
-        """`control`: a sequence model's (sequence_id, start, end); None for stateless ones."""
+        """`control`: a sequence model's (sequence_id, start, end); None for stateless ones.
+        Cancelling the returned future cancels the request."""
         loop = asyncio.get_running_loop()
         key = next(self._keys)
         fut = loop.create_future()
         self._futures[key] = fut
+        fut.add_done_callback(lambda f, key=key: f.cancelled() and self._cancelled(key))
         self._pending.append((key, items, priority, timeout_s, control))
         if len(self._pending) == 1:
-            loop.call_soon(self._flush)
+            loop.call_soon(self._flush, context=detached())
         return fut
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        loop = asyncio.get_running_loop()
         bundle: list[tuple] = []
         items = 0
+        futures = self._futures
         for entry in pending:
+            fut = futures.get(entry[0])
+            if fut is None or fut.cancelled():  # the caller gave up before it was sent
+                futures.pop(entry[0], None)
+                continue
             n = len(entry[1])
             if bundle and items + n > self._bundle_items:
-                self._start(loop, bundle)
+                self._start(bundle)
                 bundle, items = [], 0
             bundle.append(entry)
             items += n
         if bundle:
-            self._start(loop, bundle)
+            self._start(bundle)
 
-    def _start(self, loop: asyncio.AbstractEventLoop, bundle: list[tuple]) -> None:
-        task = loop.create_task(self._call(bundle))
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
-
-    async def _call(self, bundle: list[tuple]) -> None:
+    def _start(self, bundle: list[tuple]) -> None:
         self.bundles_sent += 1
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            for key, value, error in await self._actor.infer.remote(bundle):
+            call = self._actor.infer.remote(bundle, self.caller)  # now: see the note on top
+        except Exception as e:
+            self._lost(bundle, e)
+            return
+        task = asyncio.get_running_loop().create_task(self._answer(bundle, call))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _answer(self, bundle: list[tuple], call: Any) -> None:
+        try:
+            for key, value, error in await call:
                 fut = self._futures.pop(key, None)
                 if fut is None or fut.done():
                     continue
@@ -93,12 +122,15 @@ class Coalescer:
                 else:
                     fut.set_exception(error)
         except Exception as e:
-            self._actor = None
-            log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
-            self._fail(bundle, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
+            self._lost(bundle, e)
         finally:
             self._fail(bundle, WorkerDied("the batching actor answered without an outcome "
                                           "for this request"))
+
+    def _lost(self, bundle: list[tuple], e: BaseException) -> None:
+        self._actor = None
+        log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
+        self._fail(bundle, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
 
     def _fail(self, bundle: list[tuple], error: BaseException) -> None:
         failed = 0
@@ -109,3 +141,43 @@ class Coalescer:
                 failed += 1
         if failed and self._on_lost is not None:
             self._on_lost(failed)
+
+    # -- cancels ------------------------------------------------------------------------
+    def _cancelled(self, key: int) -> None:
+        """The caller gave up on request `key` (its future was cancelled)."""
+        # Done callbacks run after the flush that was due when the future was made (both
+        # go through call_soon, in order), so a key still here was sent.
+        if self._futures.pop(key, None) is None:
+            return  # it had ended already, or _flush left it out
+        self._to_cancel.append(key)
+        if len(self._to_cancel) == 1:
+            asyncio.get_running_loop().call_soon(self._flush_cancels, context=detached())
+
+    def _flush_cancels(self) -> None:
+        keys, self._to_cancel = self._to_cancel, []
+        if self._actor is None:
+            return  # the actor that had them is gone, and their requests with it
+        self.cancels_sent += 1
+        try:
+            call = self._actor.cancel.remote(self.caller, keys)
+        except Exception as e:
+            log.warning("cancelling %d requests failed: %r", len(keys), e)
+            return
+        task = asyncio.get_running_loop().create_task(_report_cancel(call, len(keys)))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+
+def detached() -> contextvars.Context:
+    """A context with no request in it, for a Ray call made on behalf of many requests:
+    it is nobody's child, so cancelling one of them does not cancel it (see the note)."""
+    return contextvars.Context()
+
+
+async def _report_cancel(call: Any, n: int) -> None:
+    """Await a cancel call so its errors are seen: the requests still end at the actor
+    (their answers are dropped here), so a failed cancel costs compute, not correctness."""
+    try:
+        await call
+    except Exception as e:
+        log.warning("cancelling %d requests at the batching actor failed: %r", n, e)

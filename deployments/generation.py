@@ -6,7 +6,10 @@ are multiplexed, as bundles are for `infer`: each ingress replica (a
 `GenerateMux`) starts the generations of one loop tick in one call, and keeps
 ONE long poll open per batching actor that returns every new event of all its
 generations at once, so a step of 32 sequences costs one round trip, not 32.
-Cancelling (the HTTP client went away) is one more call, also coalesced.
+Cancelling (the HTTP client went away) is one more call, also coalesced; its
+errors are logged. Like bundles (`deployments.coalesce`), these calls are made
+in a detached context: made in one stream's context, they would be Ray children
+of that stream's request, and Serve cancelling it would cancel every stream's poll.
 
 The actor side (`StreamHub`) buffers each caller's events until it polls. A
 caller that stops polling for `lease_s` (its ingress died) has its
@@ -26,6 +29,7 @@ from typing import Any
 from batching.errors import InvalidRequest, RaybatchError, WorkerDied, portable
 from batching.iterative.host import Finished, IterativeHost
 from batching.iterative.scheduler import GenerateRequest
+from deployments.coalesce import detached
 
 log = logging.getLogger(__name__)
 GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s")
@@ -190,7 +194,7 @@ class GenerateMux:
         self._queues[key] = queue
         self._to_start.append((key, prompt, params))
         if len(self._to_start) == 1:
-            loop.call_soon(self._flush_starts)
+            loop.call_soon(self._flush_starts, context=detached())
         final = False
         try:
             while not final:
@@ -228,11 +232,20 @@ class GenerateMux:
     def _cancel(self, key: int) -> None:
         self._to_cancel.append(key)
         if len(self._to_cancel) == 1:
-            asyncio.get_running_loop().call_soon(self._flush_cancels)
+            asyncio.get_running_loop().call_soon(self._flush_cancels, context=detached())
 
     def _flush_cancels(self) -> None:
         keys, self._to_cancel = self._to_cancel, []
-        self._spawn(self._get_actor().cancel_generations.remote(self.caller, keys))
+        self._spawn(self._send_cancels(keys))
+
+    async def _send_cancels(self, keys: list[int]) -> None:
+        """One call for the tick's cancels; a failure is logged (the generations then
+        run to their end at the actor, for nobody, or stop with its lease)."""
+        try:
+            await self._get_actor().cancel_generations.remote(self.caller, keys)
+        except Exception as e:
+            log.warning("cancelling %d generations at the batching actor failed: %r",
+                        len(keys), e)
 
     async def _poll(self) -> None:
         while self._queues:

@@ -25,6 +25,7 @@ from ray import serve
 
 from batching.errors import RaybatchError
 from cluster.config import ModelConfig, RaybatchConfig
+from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.metrics import CallerMetrics
@@ -52,6 +53,15 @@ def batch_limit(m: ModelConfig) -> int:
     """Most requests one batch (or generation step) of `m` carries."""
     policy = m.batching
     return getattr(policy, "max_batch_size", None) or policy.max_active
+
+
+def _this_actor() -> Any:
+    import ray
+
+    try:
+        return ray.get_runtime_context().current_actor
+    except Exception:  # not in an actor (a local test): batching actors cannot ping it
+        return None
 
 
 def _actor_getter(name: str) -> Any:
@@ -90,6 +100,7 @@ class ServeBackend:
         timeout, metrics = config.ingress.default_timeout_s, config.metrics.enabled
         self.by_name = {m.name: _Model(m, timeout, metrics) for m in config.models}
         self._entries = [m.entry for m in self.by_name.values()]
+        self.drain: IngressDrain | None = None  # set by the ingress: 503 once draining
 
     async def wait_ready(self, timeout_s: float = 300.0) -> None:
         await asyncio.gather(*(self._wait_ready(m, timeout_s) for m in self.by_name.values()))
@@ -109,6 +120,8 @@ class ServeBackend:
         m.ready.set_result(True)
 
     def get(self, name: str, version: str | None = None) -> _Model:
+        if self.drain is not None:
+            self.drain.check()  # every model call comes here: 503 once draining
         m = self.by_name.get(name)
         if m is None:
             raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.by_name)}")
@@ -162,12 +175,18 @@ class Ingress(GrpcIngress):
     async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.http: OipApp | None = None
+        self.drain: IngressDrain | None = None
         self.config = RaybatchConfig.model_validate_json(config_json)
         self.backend = backend = ServeBackend(self.config)
         self.grpc_servicer = GrpcServicer(
             backend.get, backend.by_name.values, lambda m: backend.ready(m.entry),
             lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes)
+        names = [n for m in backend.by_name.values() for n in m.names]
+        backend.drain = self.drain = IngressDrain(
+            lambda: [serve.get_deployment_actor(n) for n in names],
+            self.config.ingress.drain_timeout_s, _this_actor())
         await backend.wait_ready()
+        await self.drain.attach()
 
     async def __serve_build_asgi_app__(self) -> OipApp:
         """Serve's HTTP app for this replica, built once the models are ready; also
@@ -177,9 +196,14 @@ class Ingress(GrpcIngress):
         mount(self.http, ingress.route_prefix)
         return self.http
 
-    def __del__(self) -> None:
+    async def __del__(self) -> None:
+        """Serve's last hook before it kills the batching actors: refuse new requests
+        (HTTP and handle), then drain the batching actors (`deployments.drain`)."""
         if self.http is not None:
+            self.http.begin_drain()
             unmount(self.http)
+        if getattr(self, "drain", None) is not None:  # None: __init__ failed before it
+            await self.drain.finish()
 
     # -- the handle API ---------------------------------------------------------------
     async def infer(self, model: str, inputs: dict[str, np.ndarray],

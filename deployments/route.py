@@ -31,6 +31,7 @@ from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect, generate_request
 from deployments.metrics import CallerMetrics
+from deployments.protocol.binary import PayloadTooLarge
 from deployments.signature import Signature
 
 
@@ -48,6 +49,7 @@ class ModelRoute:
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
+        self.max_request_items = config.max_request_items
 
     def _invalid(self, message: str) -> InvalidRequest:
         """The error of a request this route refuses itself, counted as `invalid` (those
@@ -60,9 +62,16 @@ class ModelRoute:
         """The request's items, checked against the model's inputs (`Signature.items`):
         its one input's array, or a TensorBatch of all of them."""
         try:
-            return self.signature.items(inputs)
+            items = self.signature.items(inputs)
         except InvalidRequest as e:
             raise self._invalid(str(e)) from None
+        if len(items) > self.max_request_items:
+            if self.metrics is not None:
+                self.metrics.count("invalid")
+            raise PayloadTooLarge(f"the request carries {len(items)} items; model "
+                                  f"{self.config.name!r} takes at most {self.max_request_items} "
+                                  "per request (limits.max_request_items): split it")
+        return items
 
     async def run(self, array: np.ndarray | TensorBatch, priority: int | None,
                   timeout_s: float | None,

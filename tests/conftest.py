@@ -115,7 +115,7 @@ def load_test_config(gate: Path) -> Any:
 
     data = yaml.safe_load(APP_CONFIG.read_text())
     for m in data["models"]:
-        if m["name"] in ("gated", "scaling"):
+        if m["name"] in ("gated", "scaling", "held"):
             m["init_kwargs"]["gate_path"] = str(gate)
     return load_config(data)
 

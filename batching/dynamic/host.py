@@ -32,7 +32,7 @@ from batching.dynamic.batcher import DynamicBatcher
 from batching.dynamic.policy import DynamicPolicy
 from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
-from batching.loop import LoopHost, OpenRequest, ReplicaDied, ReplicaSlot
+from batching.loop import Dispatched, LoopHost, OpenRequest, ReplicaDied, ReplicaSlot
 from batching.metrics import (
     NULL_RECORDER,
     BatchDone,
@@ -75,11 +75,10 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self._on_replica_died = on_replica_died or (lambda client: None)
         self._slots: list[ReplicaSlot] = []
         self._open: dict[RequestId, OpenRequest] = {}
-        self._inflight: dict[int, Batch] = {}
-        self._retried: set[int] = set()
+        self._inflight: dict[int, Dispatched] = {}
         self.replica_deaths = 0
         self.retried_batches = 0
-        self._parked: list[Batch] = []  # batches of a dead replica, waiting for a live one
+        self._parked: list[Dispatched] = []  # batches of a dead replica, waiting for a live one
 
     # -- replicas -------------------------------------------------------------------------
     @property
@@ -186,7 +185,6 @@ class BatchHost(LoopHost[DynamicBatcher]):
                    key=lambda s: s.inflight)
 
     def _dispatch(self, batch: Batch, slot: ReplicaSlot) -> None:
-        self._inflight[batch.id] = batch
         now, open_, stats = batch.created_s, self._open, self.engine.stats
         default = self.policy.default_level
         waits, levels = [], []
@@ -199,18 +197,22 @@ class BatchHost(LoopHost[DynamicBatcher]):
                 levels.append(rec.request.priority or default)
         self.recorder.batch_sent(BatchSent(batch.num_items, batch.cost, batch.reason.value,
                                            tuple(waits), tuple(levels)))
-        self._send(batch, slot)
+        # The inputs are taken now, while every member is open: a member cancelled before
+        # the batch is sent (or retried) must not take its batch-mates down with it.
+        sent = self._inflight[batch.id] = Dispatched(batch, self._inputs(batch))
+        self._send(sent, slot)
 
-    def _send(self, batch: Batch, slot: ReplicaSlot) -> None:
+    def _send(self, sent: Dispatched, slot: ReplicaSlot) -> None:
         slot.inflight += 1
-        self._spawn(self._run(batch, slot))
+        self._spawn(self._run(sent, slot))
 
-    async def _run(self, batch: Batch, slot: ReplicaSlot) -> None:
+    async def _run(self, sent: Dispatched, slot: ReplicaSlot) -> None:
+        batch = sent.batch
         try:
-            results, compute_s = await slot.client.run(self._inputs(batch))
+            results, compute_s = await slot.client.run(sent.inputs)
         except ReplicaDied as e:
             slot.inflight -= 1
-            self._replica_died(slot, batch, e)
+            self._replica_died(slot, sent, e)
             return
         except BaseException as e:  # the model's own error: this batch's requests only
             slot.inflight -= 1
@@ -233,31 +235,31 @@ class BatchHost(LoopHost[DynamicBatcher]):
     def _finish(self, batch: Batch, compute_s: float | None) -> None:
         """`compute_s` None: the batch failed, and must not train the latency model."""
         self._inflight.pop(batch.id, None)
-        self._retried.discard(batch.id)
         self.engine.complete(batch.id, self._clock(), compute_s, failed=compute_s is None)
 
-    def _replica_died(self, slot: ReplicaSlot, batch: Batch, error: BaseException) -> None:
+    def _replica_died(self, slot: ReplicaSlot, sent: Dispatched, error: BaseException) -> None:
+        batch = sent.batch
         if any(s is slot for s in self._slots):
             self.replica_deaths += 1
             log.error("replica %s died: %s", slot.client.name, error)
             self.remove_replica(slot.client)
             self._on_replica_died(slot.client)
-        if batch.id in self._retried:
+        if sent.retried:
             self._finish(batch, None)
             self._settle(self.ledger.fail_batch(batch, WorkerDied(
                 f"two replicas died running this request (last: {error}); not retried again")))
             self._schedule_pump()
             return
-        self._retried.add(batch.id)
+        sent.retried = True
         self.retried_batches += 1
         live = [s for s in self._slots if s.inflight < self.max_inflight]
         if live:
             target = min(live, key=lambda s: s.inflight)
             log.warning("retrying batch %d (requests %s) on %s", batch.id, batch.ids,
                         target.client.name)
-            self._send(batch, target)
+            self._send(sent, target)
         else:
-            self._parked.append(batch)  # _unpark sends it when a slot frees up
+            self._parked.append(sent)  # _unpark sends it when a slot frees up
 
     def _inputs(self, batch: Batch) -> Any:
         """The batch's items as one contiguous array (or TensorBatch) when they are

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from cluster.config import ConfigError, import_object, load_config
+from cluster.config import ConfigError, ModelConfig, import_object, load_config
 
 MODEL = {
     "name": "square", "transformer": "deployments.models:Square",
@@ -87,3 +88,48 @@ def test_an_import_path_that_moved_names_the_new_one(old, new):
         load_config({"models": [{**MODEL, "transformer": old}]})
     assert f"write '{new}' instead" in str(e.value)
     assert import_object(new).__name__ == new.rpartition(":")[2]
+
+
+# -- limits: bounded by default ------------------------------------------------------------
+def _model(**fields) -> ModelConfig:
+    return ModelConfig.model_validate({
+        "name": "m", "transformer": "deployments.models:Square",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}], **fields})
+
+
+def test_every_queue_is_bounded_by_default_from_batch_size_and_replicas():
+    m = _model(batching={"max_batch_size": 32, "priority_levels": 2,
+                         "priority_queue_policy": {1: {"max_queue_size": 5}}},
+               replicas={"max_replicas": 3})
+    p = m.bounded().batching
+    assert p.default_queue_policy.max_queue_size == 8 * 32 * 3
+    assert p.priority_queue_policy[1].max_queue_size == 5  # one set by hand is kept
+    assert m.batching.default_queue_policy.max_queue_size is None  # the original: untouched
+    assert m.max_request_items == 16 * 32
+
+
+def test_the_default_bound_follows_queue_batches_and_can_be_turned_off():
+    m = _model(batching={"max_batch_size": 4}, limits={"queue_batches": 2,
+                                                       "max_request_items": 9})
+    assert m.bounded().batching.default_queue_policy.max_queue_size == 2 * 4 * 1
+    assert m.max_request_items == 9
+    off = _model(limits={"queue_batches": None})
+    assert off.bounded().batching.default_queue_policy.max_queue_size is None
+
+
+def test_stateful_and_generative_models_are_bounded_in_their_own_units():
+    seq = _model(batching={"kind": "sequence", "max_batch_size": 4},
+                 replicas={"max_replicas": 2})
+    assert seq.bounded().batching.max_pending_sequences == 8 * 4 * 2
+    gen = _model(batching={"kind": "iterative", "max_active": 16})
+    assert gen.bounded().batching.max_queue_size == 8 * 16
+    given = _model(batching={"kind": "iterative", "max_active": 16, "max_queue_size": 3})
+    assert given.bounded().batching.max_queue_size == 3
+
+
+def test_limits_are_validated_with_the_field_named():
+    with pytest.raises(ValidationError, match="queue_batches"):
+        _model(limits={"queue_batches": 0})
+    with pytest.raises(ValidationError, match="max_request_items"):
+        _model(limits={"max_request_items": 0})

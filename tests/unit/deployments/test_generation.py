@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 
 import pytest
 
@@ -154,3 +155,58 @@ def test_a_caller_that_stops_polling_has_its_generations_cancelled():
         return host.stats()
 
     assert run(main())["cancelled"] == 1
+
+
+class _Failing:
+    """A method whose call is an awaitable that is not a coroutine (as a Ray ObjectRef)
+    and fails when awaited."""
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    def remote(self, *args):
+        self.counter["cancel_generations"] = self.counter.get("cancel_generations", 0) + 1
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(RuntimeError("the batching actor is unreachable"))
+        return fut
+
+
+def test_a_hung_up_stream_is_cancelled_in_one_call_whose_errors_are_logged(caplog):
+    async def main():
+        loop_errors: list = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
+        host, actor, mux = await _setup(max_active=4)
+        hub_cancel = actor.cancel_generations.fn
+
+        def cancel_generations(caller, keys):  # answers with a future, as Ray's ObjectRef
+            hub_cancel(caller, keys)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+
+        actor.cancel_generations.fn = cancel_generations
+        streams = [mux.stream(p, {"max_tokens": 500}) for p in ("hello", "world")]
+        for s in streams:
+            await s.__anext__()
+        for s in streams:
+            await s.aclose()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if host.stats()["cancelled"] == 2:
+                break
+        cancelled = host.stats()["cancelled"]
+        actor.cancel_generations = _Failing(actor.calls)
+        third = mux.stream("again", {"max_tokens": 500})
+        await third.__anext__()
+        await third.aclose()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return cancelled, actor.calls, loop_errors
+
+    with caplog.at_level(logging.WARNING, logger="deployments.generation"):
+        cancelled, calls, loop_errors = run(main())
+    assert loop_errors == [], loop_errors  # nothing raised in a callback or lost in a task
+    assert cancelled == 2
+    assert calls["cancel_generations"] == 2  # the two hang-ups of one tick: one call
+    assert "cancelling 1 generations at the batching actor failed" in caplog.text
+    assert "unreachable" in caplog.text

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from batching import DynamicPolicy, ServiceClosed, WorkerDied
+from batching import Cancelled, DynamicPolicy, ServiceClosed, WorkerDied
 from batching.dynamic.host import BatchHost, ReplicaDied
 from batching.types import Request
 
@@ -308,4 +308,39 @@ def test_statistics_count_queue_time_successes_and_failures_on_the_hosts_clock()
         assert (s["batches"], s["items"], s["by_size"]) == (2, 3, {1: 1, 2: 1})
         assert s["compute_s_by_size"] == {2: 0.25}
         assert (s["inflight_batches"], s["open_requests"]) == (0, 0)
+    run(main())
+
+
+def test_a_cancel_between_forming_a_batch_and_sending_it_spares_its_batch_mates():
+    async def main():
+        a = FakeReplica("a")
+        host, _ = make_host(a, max_batch_size=4)
+        futs = {x: submit(host, x, x) for x in (1, 2, 3)}
+        await asyncio.sleep(0)  # the pump formed [1, 2, 3]; its task has not started yet
+        host.cancel(2)
+        await spin()
+        assert a.pending() == [[1, 2, 3]]  # what was formed runs whole: the inputs were taken
+        a.finish()
+        await spin()
+        assert futs[1].result() == "a:1" and futs[3].result() == "a:9"
+        assert isinstance(futs[2].exception(), Cancelled)
+        assert host.stats()["open_requests"] == 0
+    run(main())
+
+
+def test_a_retried_batch_keeps_its_inputs_when_a_member_was_cancelled_meanwhile():
+    async def main():
+        a, b = FakeReplica("a"), FakeReplica("b")
+        host, _ = make_host(a, b, max_batch_size=4, max_inflight=1)
+        futs = {x: submit(host, x, x) for x in (1, 2)}
+        await spin()
+        assert a.pending() == [[1, 2]]
+        host.cancel(1)
+        a.die()  # the batch is retried on b, its cancelled member's item included
+        await spin()
+        assert b.pending() == [[1, 2]]
+        b.finish()
+        await spin()
+        assert futs[2].result() == "b:4"
+        assert isinstance(futs[1].exception(), Cancelled)
     run(main())

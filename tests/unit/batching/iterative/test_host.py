@@ -204,6 +204,26 @@ def test_cancel_fails_the_stream_and_no_token_reaches_it_afterwards():
     run(main())
 
 
+def test_a_cancel_between_forming_a_step_and_sending_it_spares_its_step_mates():
+    async def main():
+        r = FakeStepReplica("r")
+        host, _ = make_host(r)
+        streams = {k: host.submit(GenerateRequest(k, k * 2)) for k in ("a", "b", "c")}
+        await asyncio.sleep(0)  # the pump formed the step; its task has not started yet
+        host.cancel("b")
+        await spin()
+        assert r.pending() == [(["a", "b", "c"], [])]  # sent as formed; b leaves next step
+        while r.pending():
+            r.run()
+            await spin()
+        assert (await streams["a"].result()).text == "AA"
+        assert (await streams["c"].result()).text == "CC"
+        with pytest.raises(Cancelled):
+            await streams["b"].result()
+        assert host.stats()["open_requests"] == 0 and r.gen.live == 0
+    run(main())
+
+
 def test_a_dead_replicas_streaming_sequences_fail_and_unstarted_ones_move():
     async def main():
         r0, r1 = FakeStepReplica("r0"), FakeStepReplica("r1")

@@ -183,6 +183,23 @@ def test_fifty_interleaved_sequences_each_get_what_they_would_get_alone(model_na
                                    err_msg=f"sequence {s!r}")
 
 
+def test_a_cancel_between_forming_a_batch_and_sending_it_spares_its_batch_mates():
+    async def main():
+        a = StoreReplica("a", Accumulator())
+        host, _ = make_host(a, max_batch_size=4)
+        futs = {sid: submit(host, f"r{sid}", sid, 10 * sid, start=True) for sid in (1, 2, 3)}
+        await asyncio.sleep(0)  # the pump formed the batch; its task has not started yet
+        host.cancel("r2")
+        await spin()
+        assert a.finish().sequence_ids == (1, 2, 3)  # sent as formed
+        await spin()
+        assert futs[1].result().tolist() == [10] and futs[3].result().tolist() == [30]
+        with pytest.raises(Cancelled):
+            futs[2].result()
+        assert host.stats()["open_requests"] == 0
+    run(main())
+
+
 # -- idle timeout, cancellation --------------------------------------------------------------
 def test_an_idle_sequence_is_released_on_its_replica_and_a_waiting_start_gets_the_slot():
     async def main():
