@@ -78,6 +78,18 @@ def _ready(url: str, proc: subprocess.Popen, home: Path) -> bool:
         return False
 
 
+def example_inputs(m) -> dict[str, np.ndarray]:
+    """Two items for every declared input of `m` (variable dims of 3)."""
+    from deployments.protocol.datatypes import NUMPY_DTYPES
+
+    out = {}
+    for t in m.inputs:
+        shape = (2, *(3 if d == -1 else d for d in t.shape[1:]))
+        out[t.name] = (np.full(shape, b"x", dtype=object) if t.datatype == "BYTES"
+                       else np.ones(shape, dtype=NUMPY_DTYPES[t.datatype]))
+    return out
+
+
 def traffic(app, seconds: float) -> None:
     """A little of everything the dashboard shows, to every model of the app."""
     h = app.handle
@@ -87,8 +99,7 @@ def traffic(app, seconds: float) -> None:
         for m in app.config.models:
             kind, shape = m.batching.kind, m.inputs[0].shape
             if kind == "dynamic":
-                x = np.ones((2, *shape[1:]), dtype=np.float32)
-                calls.append(h.infer_bundle.remote(m.name, [{"INPUT0": x}] * 8))
+                calls.append(h.infer_bundle.remote(m.name, [example_inputs(m)] * 8))
             elif kind == "sequence":
                 dtype = np.int32 if m.inputs[0].datatype == "INT32" else np.float32
                 x = np.ones((1, *shape[1:]), dtype=dtype)
