@@ -123,10 +123,17 @@ class ReplicaConfig(BaseModel):
 class BatcherConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    placement: Literal["actor", "ingress"] = "actor"
+    """Where the engine runs. `actor`: one batching actor per model (per shard), batching
+    the requests of every ingress replica together; one more Ray hop per bundle.
+    `ingress`: each ingress replica runs the engine itself and sends batches straight to
+    its own share of the model's replicas (one hop fewer; batches form per ingress
+    replica, as with `@serve.batch`). Only dynamic batching can run in the ingress."""
     shards: int = Field(default=1, ge=1)
-    """Batching actors for this model; each owns its share of the replicas."""
+    """Batching actors for this model (placement `actor`); each owns its share of the
+    replicas."""
     num_cpus: float = Field(default=0.0, ge=0)
-    """CPUs each batching actor reserves."""
+    """CPUs each batching actor reserves (placement `actor`)."""
 
 
 def _policy_kind(value: Any) -> str:
@@ -181,6 +188,23 @@ class ModelConfig(BaseModel):
             raise ValueError(f"transformer={v!r}: module {module} has moved; write "
                              f"'{MOVED_MODULES[module]}:{name}' instead")
         return v
+
+    @model_validator(mode="after")
+    def _placement(self) -> ModelConfig:
+        if self.batcher.placement != "ingress":
+            return self
+        kind = self.batching.kind
+        if kind != "dynamic":
+            raise ValueError(
+                f"batcher.placement='ingress' with batching.kind={kind!r}: sequence and "
+                "iterative models keep each sequence on one batching actor, so only dynamic "
+                "batching can run in the ingress; set batcher.placement to 'actor'")
+        if self.batcher.shards != 1:
+            raise ValueError(
+                f"batcher.shards={self.batcher.shards} with batcher.placement='ingress': each "
+                "ingress replica already runs its own engine; drop shards or set placement "
+                "to 'actor'")
+        return self
 
     @field_validator("inputs", "outputs")
     @classmethod

@@ -4,7 +4,9 @@
 variable `RAYBATCH_CONFIG` (default: the bundled demo). Each model gets a
 batching actor declared as a deployment-scoped actor of the ingress, so Serve
 owns its lifecycle: deleting the app (or `serve shutdown`) stops the batching
-actors, and with them the replica actors they own.
+actors, and with them the replica actors they own. A model with
+`batcher.placement: ingress` has no batching actor: each ingress replica runs
+its engine and owns its replicas (`deployments.backends`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from cluster.config import RaybatchConfig, load_default
+from deployments.backends import batcher_actor_name
 from deployments.batcher import BatcherActor
-from deployments.ingress import Ingress, batcher_actor_name
+from deployments.ingress import Ingress
 
 
 def build_app(config: RaybatchConfig) -> serve.Application:
@@ -27,7 +30,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
             init_kwargs={"model_json": m.model_dump_json(), "shard": shard},
             actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000},
         )
-        for m in config.models
+        for m in config.models if m.batcher.placement == "actor"  # else: in the ingress
         for shard in range(m.batcher.shards)
     ]
     deployment = Ingress.options(

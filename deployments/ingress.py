@@ -3,8 +3,9 @@
 It parses (a clear 4xx for anything wrong) and hands each request to the
 model's `ModelRoute`, which checks it against the model's tensors, gives it its
 deadline, and coalesces what arrived in the same loop tick into bundles of one
-batch's worth for the least-loaded batching actor. It never batches or queues
-itself: the batching actors do, across all ingress replicas.
+batch's worth for the least-loaded batching actor, which batches across all
+ingress replicas; or, for a model with `batcher.placement: ingress`, submits it
+to the engine running in this replica (`deployments.backends`).
 
 Errors map to status codes in one place (`_error_response`), from the
 `http_status` of the exception classes. The protocol codec is
@@ -14,7 +15,6 @@ Errors map to status codes in one place (`_error_response`), from the
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ray import serve
 
 from batching.errors import RaybatchError, http_status
 from cluster.config import ModelConfig, RaybatchConfig
+from deployments.backends import make_backend
 from deployments.protocol import (
     ModelSpec,
     TensorSpec,
@@ -38,8 +39,7 @@ from deployments.protocol import (
     server_metadata_json,
     sse_event,
 )
-from deployments.route import ModelRoute
-from deployments.stats import merge_stats, model_counters_json
+from deployments.stats import model_counters_json
 
 log = logging.getLogger(__name__)
 api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
@@ -47,10 +47,6 @@ api = FastAPI(title="Raybatch", docs_url=None, redoc_url=None)
 
 class UnknownModel(RaybatchError):
     http_status = 404
-
-
-def batcher_actor_name(model: str, shard: int = 0) -> str:
-    return f"batcher-{model}" if shard == 0 else f"batcher-{model}-{shard}"
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
@@ -68,17 +64,15 @@ def batch_limit(m: ModelConfig) -> int:
     return getattr(policy, "max_batch_size", None) or policy.max_active
 
 
-def _actor_getter(name: str) -> Any:
-    return lambda: serve.get_deployment_actor(name)
-
-
 class _Model:
-    def __init__(self, config: ModelConfig, default_timeout_s: float | None) -> None:
+    def __init__(self, config: ModelConfig, default_timeout_s: float | None,
+                 ingress_replicas: int) -> None:
         self.config = config
         self.spec = model_spec(config)
-        self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
-        self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s)
-        self.ready: asyncio.Future | None = None
+        # Where the engine runs (batcher.placement): batching actors, or this replica.
+        self.backend = make_backend(config, default_timeout_s, ingress_replicas,
+                                    serve.get_deployment_actor)
+        self.route = self.backend.route
 
 
 # Defined before the class: @serve.ingress copies the module globals it sees at decoration.
@@ -124,23 +118,10 @@ class Ingress:
     async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.config = RaybatchConfig.model_validate_json(config_json)
-        timeout = self.config.ingress.default_timeout_s
-        self.models = {m.name: _Model(m, timeout) for m in self.config.models}
-        await asyncio.gather(*(self._wait_ready(m) for m in self.models.values()))
-
-    async def _wait_ready(self, m: _Model, timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:  # the deployment-scoped actor may not be registered yet
-            try:
-                actors = [serve.get_deployment_actor(name) for name in m.names]
-                break
-            except ValueError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-        await asyncio.gather(*(a.ready.remote() for a in actors))
-        m.ready = asyncio.get_running_loop().create_future()
-        m.ready.set_result(True)
+        ingress = self.config.ingress
+        self.models = {m.name: _Model(m, ingress.default_timeout_s, ingress.num_replicas)
+                       for m in self.config.models}
+        await asyncio.gather(*(m.backend.start() for m in self.models.values()))
 
     # -- the handle API ---------------------------------------------------------------
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
@@ -177,12 +158,19 @@ class Ingress:
         async for event in self._model(model).route.generate_stream(text_input, parameters):
             yield event
 
-    async def route_info(self, model: str) -> tuple[str, list[Any], float | None]:
-        """What `RaybatchClient` needs to send to `model`'s batching actors itself:
-        the model's config (JSON), the actor handles, the default deadline."""
+    async def infer_entries(self, model: str, bundle: list[tuple]) -> list[tuple]:
+        """A `RaybatchClient` bundle for a model whose engine runs in the ingress
+        (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`,
+        answered `(key, value, error)` as a batching actor answers them."""
+        return await self._model(model).backend.infer_entries(bundle)
+
+    async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:
+        """What `RaybatchClient` needs to send to `model`'s engine itself: the model's
+        config (JSON), the batching actors' handles (None: the engine runs in the
+        ingress, send bundles to `infer_entries`), the default deadline."""
         m = self._model(model)
-        actors = [serve.get_deployment_actor(name) for name in m.names]
-        return m.config.model_dump_json(), actors, self.config.ingress.default_timeout_s
+        return (m.config.model_dump_json(), m.backend.client_actors(),
+                self.config.ingress.default_timeout_s)
 
     async def status(self) -> dict[str, Any]:
         return {name: await self._stats(m) for name, m in self.models.items()}
@@ -308,19 +296,10 @@ class Ingress:
         return m
 
     async def _stats(self, m: _Model) -> dict[str, Any]:
-        actors = [serve.get_deployment_actor(name) for name in m.names]
-        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in actors)))
+        return await m.backend.stats()
 
     async def _is_ready(self, m: _Model) -> bool:
-        if m.ready is None:
-            actors = [serve.get_deployment_actor(name) for name in m.names]
-            m.ready = asyncio.ensure_future(asyncio.gather(*(a.ready.remote() for a in actors)))
-        if not m.ready.done():
-            await asyncio.wait([m.ready], timeout=0.2)
-        if m.ready.done() and m.ready.exception() is not None:
-            m.ready = None
-            return False
-        return m.ready is not None and m.ready.done()
+        return await m.backend.is_ready()
 
     async def _guard(self, handler: Any) -> Response:
         try:

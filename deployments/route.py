@@ -2,7 +2,8 @@
 
 It checks a request's tensors against the model's config (a clear
 `InvalidRequest` otherwise), applies the default deadline, hands the request to
-the shard with the least outstanding work through that shard's `Coalescer`, and
+the shard with the least outstanding work through that shard's `Coalescer` (or
+to the engine itself when it runs in this process: `deployments.backends`), and
 shapes the result into the model's declared output. The Serve ingress uses it
 for HTTP and handle calls; `RaybatchClient` uses the very same object in the
 caller's process, talking straight to the batching actors.
@@ -30,13 +31,16 @@ from deployments.protocol.datatypes import NUMPY_DTYPES
 
 class ModelRoute:
     def __init__(self, config: ModelConfig, get_actors: list[Callable[[], Any]],
-                 default_timeout_s: float | None = None) -> None:
+                 default_timeout_s: float | None = None, shards: list[Any] | None = None) -> None:
+        """`get_actors`: each batching actor's getter (one `Coalescer` each); or `shards`:
+        ready-made submit targets with the `Coalescer`'s interface (`submit`,
+        `outstanding`), such as the engine running in this process (`LocalEngine`)."""
         (self._input,) = config.inputs
         (self._output,) = config.outputs
         self.config = config
         self.kind = config.batching.kind
         size = getattr(config.batching, "max_batch_size", 64)
-        self.shards = [Coalescer(get, bundle_items=size) for get in get_actors]
+        self.shards = shards or [Coalescer(get, bundle_items=size) for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
@@ -72,7 +76,8 @@ class ModelRoute:
         if self.kind == "iterative":
             raise InvalidRequest(f"model {self.config.name!r} is generative: use generate or "
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
-        shard = min(self.shards, key=lambda c: c.outstanding)  # least outstanding work
+        shards = self.shards
+        shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
         value = await shard.submit(array, priority, timeout_s)
         return {self._output.name: np.asarray(value, dtype=self._dtype)}
 

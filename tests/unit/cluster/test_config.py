@@ -87,3 +87,15 @@ def test_an_import_path_that_moved_names_the_new_one(old, new):
         load_config({"models": [{**MODEL, "transformer": old}]})
     assert f"write '{new}' instead" in str(e.value)
     assert import_object(new).__name__ == new.rpartition(":")[2]
+
+
+def test_placement_ingress_is_for_dynamic_batching_only_and_has_no_shards():
+    cfg = load_config({"models": [{**MODEL, "batcher": {"placement": "ingress"}}]})
+    assert cfg.models[0].batcher.placement == "ingress"
+    bad(r"batcher.placement='ingress' with batching.kind='sequence'.*set batcher.placement "
+        r"to 'actor'", batching={"kind": "sequence"}, batcher={"placement": "ingress"})
+    bad(r"batcher.placement='ingress' with batching.kind='iterative'",
+        batching={"kind": "iterative"}, batcher={"placement": "ingress"})
+    bad(r"batcher.shards=2 with batcher.placement='ingress'",
+        batcher={"placement": "ingress", "shards": 2})
+    bad(r"placement='ingres': must be 'actor' or 'ingress'", batcher={"placement": "ingres"})
