@@ -230,6 +230,15 @@ class IngressConfig(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     default_timeout_s: float | None = Field(default=None, gt=0)
     """Deadline of a request that names none; None: no deadline."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    """Log level of the app's Serve deployments. Below INFO, Serve skips the access-log
+    record it otherwise builds for every request, even with `access_log: false`."""
+    access_log: bool = False
+    """Serve's access log, one line per request (it then logs at INFO at least)."""
+    haproxy: bool = True
+    """`raybatch up` starts Ray with Serve's HAProxy on the HTTP port, in front of the
+    ingress replicas' own ports (`RAY_SERVE_ENABLE_HA_PROXY=1`); False: Serve's proxy.
+    HAProxy binds the replicas' ports on all interfaces. See `cluster.render.serve_environment`."""
 
 
 class RaybatchConfig(BaseModel):

@@ -17,6 +17,7 @@ from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
 from cluster.config import RaybatchConfig, load_default
+from cluster.render import logging_config
 from deployments.backends import batcher_actor_name
 from deployments.batcher import BatcherActor
 from deployments.ingress import Ingress
@@ -37,6 +38,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         num_replicas=config.ingress.num_replicas,
         ray_actor_options={"num_cpus": config.ingress.num_cpus},
         deployment_actors=actors,
+        logging_config=logging_config(config),  # WARNING: no access-log record per request
     )
     return deployment.bind(config.model_dump_json())
 
