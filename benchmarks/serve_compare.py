@@ -60,7 +60,8 @@ from benchmarks.serve_report import LATENCY_C, MINILM_C, SLEEP_C, render, target
 CONCURRENCIES = (1, 16, 128, 512)
 VARIANTS = ("direct", "proxy", "haproxy")
 PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched")}
-RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle")
+RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
+                     "ingress+access", "ingress+idle+access")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class Settings:
     peers: tuple[str, ...] = ("serve", "serve.batch")
     http_driver: str = "wrk"
     disconnect_watch: bool = True  # False: clients send x-request-disconnect-disabled: ?1
+    throughput_optimized: bool = True
 
 
 def apps(s: Settings) -> dict[str, tuple[str, str]]:
@@ -98,7 +100,7 @@ QUICK = Settings(warmup_s=0.5, duration_s=1.0, ceiling_s=0.5,
 
 def configure_environment(s: Settings) -> None:
     """Serve's switches, read when `ray.serve` is imported: set them before that."""
-    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if s.throughput_optimized else "0"
     os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0" if s.ingress == "proxy" else "1"
     if s.ingress == "haproxy":
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
@@ -322,6 +324,8 @@ def run_variants(args: argparse.Namespace) -> dict[str, Any]:
             cmd += [flag for flag, on in (("--quick", args.quick), ("--probes", args.probes),
                                           ("--json-http", args.json_http),
                                           ("--no-disconnect-watch", args.no_disconnect_watch),
+                                          ("--no-throughput-optimized",
+                                           args.no_throughput_optimized),
                                           ("--isolate-model-core", args.isolate_model_core))
                     if on]
             subprocess.run(cmd, check=True)
@@ -362,6 +366,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-disconnect-watch", action="store_true",
                     help="HTTP clients send x-request-disconnect-disabled: ?1 (Serve then "
                          "skips its per-request disconnect watch)")
+    ap.add_argument("--no-throughput-optimized", action="store_true",
+                    help="RAY_SERVE_THROUGHPUT_OPTIMIZED=0 (direct ingress stays as --ingress "
+                         "says): what the switch buys")
     return ap.parse_args(argv)
 
 
@@ -377,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
                 paths=tuple(args.paths), binary_http=not args.json_http, probes=args.probes,
                 isolate=args.isolate_model_core, variants=tuple(args.variants),
                 peers=tuple(args.peers), http_driver=args.http_driver,
-                disconnect_watch=not args.no_disconnect_watch)
+                disconnect_watch=not args.no_disconnect_watch,
+                throughput_optimized=not args.no_throughput_optimized)
     if args.concurrency:
         s = replace(s, concurrencies=tuple(args.concurrency))
     if args.duration:
