@@ -99,3 +99,14 @@ def test_placement_ingress_is_for_dynamic_batching_only_and_has_no_shards():
     bad(r"batcher.shards=2 with batcher.placement='ingress'",
         batcher={"placement": "ingress", "shards": 2})
     bad(r"placement='ingres': must be 'actor' or 'ingress'", batcher={"placement": "ingres"})
+
+
+def test_placement_left_out_is_ingress_for_one_shard_of_dynamic_batching_else_actor():
+    def placement(**model) -> str:
+        return load_config({"models": [{**MODEL, **model}]}).models[0].batcher.placement
+
+    assert placement() == "ingress"
+    assert placement(batcher={"shards": 2}) == "actor"
+    assert placement(batching={"kind": "sequence"}) == "actor"
+    assert placement(batching={"kind": "iterative"}) == "actor"
+    assert placement(batcher={"placement": "actor"}) == "actor"
