@@ -5,6 +5,8 @@ The runtime, in the order a request meets it
     ingress.py        the Serve ingress: OIP over HTTP (infer, generate, SSE) and the handle API
     route.py          ModelRoute: one model's way in (validation, deadline, shard choice),
                       shared by the ingress and RaybatchClient
+    backends.py       where a model's engine runs (batcher.placement): batching actors, or
+                      this ingress replica (LocalEngine: BatchHost + its own ReplicaPool)
     coalesce.py       one loop tick of requests -> one Ray call per batch's worth
     client.py         RaybatchClient: a Python caller straight to the batching actors
     batcher.py        BatcherActor: one per model (or shard), hosts the engine
