@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup serve test lint bench clean k8s
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The manifests checked in under k8s/, rendered from the configs they name (a test fails
+# when they drift from what the renderer makes of those configs now).
+k8s: $(STAMP)
+	$(BIN)/raybatch render k8s --config deployments/configs/demo.yaml -o k8s/demo
+	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed
