@@ -26,6 +26,7 @@ class FlushReason(str, enum.Enum):
     DELAY = "delay"  # the oldest request waited max_queue_delay_s (or the adaptive delay)
     DEADLINE = "deadline"  # a request's deadline leaves no time to wait for more
     DRAIN = "drain"  # the host is closing and flushes what is queued
+    IDLE = "idle"  # idle_dispatch: nothing was in flight, so nobody was worth waiting for
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ What is kept equal with the Raybatch app, so only the serving path differs:
 - HTTP: the same Open Inference Protocol codec as Raybatch's ingress
   (`parse_infer_request` / `encode_infer_response`), on Serve's plainest HTTP path
   (`__call__(starlette Request)`, no FastAPI), so parsing costs the same;
-- the handle API: `infer(x)` with `x` one request's array (leading dimension 1).
+- the handle API: `infer(x)` with `x` one request's array (leading dimension 1);
+- logging: log level WARNING, no access log, as Raybatch's app runs by default.
 
 Batch counts (`stats()`) are kept in the replica, so the mean batch size is read
 the same way for all three systems.
@@ -115,6 +116,9 @@ def serve_app(cls: type[_ServeModel], model: BenchModel) -> serve.Application:
     r = model.config.replicas
     deployment = serve.deployment(cls, name=cls.__name__,
                                   max_ongoing_requests=MAX_ONGOING_REQUESTS,
+                                  # as Raybatch's app: no access-log record per request
+                                  logging_config={"log_level": "WARNING",
+                                                  "enable_access_log": False},
                                   ray_actor_options={
                                       "num_cpus": r.num_cpus,
                                       "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1",

@@ -2,15 +2,21 @@
 
     python -m benchmarks.serve_compare [--models sleep mlp minilm] [--concurrency 1 16 128 512]
         [--duration S] [--quick] [--json OUT] [--port 8100] [--paths handle http]
-        [--ingress direct proxy haproxy] [--probes] [--isolate-model-core] [--json-http]
+        [--ingress direct proxy haproxy] [--variants actor ingress actor+idle ingress+idle]
+        [--peers serve serve.batch] [--http-driver wrk|aiohttp] [--no-disconnect-watch]
+        [--probes] [--isolate-model-core] [--json-http]
 
-Per model, three one-replica apps run side by side on one Serve HTTP port: `serve`
-(no batching), `serve.batch` (`@serve.batch`, same max batch size and delay) and
-`raybatch` (`deployments.app.build_app`); see `benchmarks.serve_apps` for what is
-kept equal. Each is driven closed-loop at every C through its handle (and Raybatch
-also through `RaybatchClient`) and over HTTP (binary OIP tensors both ways, the
-same codec on all three). Reported per point: throughput, p50/p99, mean batch size,
-CPU per request of the client and of all Ray processes, the 1-minute load.
+Per model, one-replica apps run side by side on one Serve HTTP port: `serve` (no
+batching), `serve.batch` (`@serve.batch`, same max batch size and delay) and one
+Raybatch app per `--variants` entry (`rb:<variant>`: `batcher.placement` actor or
+ingress, `+idle` for `idle_dispatch`); see `benchmarks.serve_apps` for what is kept
+equal. Each is driven closed-loop at every C through its handle (and Raybatch also
+through `RaybatchClient`, `rb:<variant>/client`) and over HTTP (binary OIP tensors
+both ways, the same codec on all; `wrk` by default, whose own CPU is small). Reported
+per point: throughput, p50/p99, mean batch size, CPU per request of the client, of
+the system's own processes (its ingress or Serve replica, batching actors, model
+replicas), of the HTTP front (Serve proxy or HAProxy), of the controller, and of the
+rest of Ray, each read from /proc; the 1-minute load.
 
 Serve's fastest documented configuration is used: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`
 is put in the environment before `ray` is imported (Serve reads it at import, in
@@ -47,13 +53,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from benchmarks.serve_measure import fetchers, handle_submits, measure, measure_wrk
 from benchmarks.serve_models import BenchModel, bench_models, ceiling, raybatch_config
 from benchmarks.serve_report import LATENCY_C, MINILM_C, SLEEP_C, render, targets
 
 CONCURRENCIES = (1, 16, 128, 512)
 VARIANTS = ("direct", "proxy", "haproxy")
-APPS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched"),
-        "raybatch": ("raybatch", "/raybatch")}
+PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched")}
+RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
+                     "ingress+access", "ingress+idle+access")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,20 @@ class Settings:
     probes: bool = False
     isolate: bool = False  # keep all but the model replicas off the model's core
     quick: bool = False
+    variants: tuple[str, ...] = ("actor", "ingress")
+    peers: tuple[str, ...] = ("serve", "serve.batch")
+    http_driver: str = "wrk"
+    disconnect_watch: bool = True  # False: clients send x-request-disconnect-disabled: ?1
+    throughput_optimized: bool = True
+
+
+def apps(s: Settings) -> dict[str, tuple[str, str]]:
+    """system -> (Serve app name, route prefix): the peers, then one app per Raybatch variant."""
+    out = {k: v for k, v in PEERS.items() if k in s.peers}
+    for v in s.variants:
+        slug = "rb-" + v.replace("+", "-")
+        out[f"rb:{v}"] = (slug, "/" + slug)
+    return out
 
 
 FULL = Settings(warmup_s=1.0, duration_s=3.0, ceiling_s=1.0)
@@ -78,7 +100,7 @@ QUICK = Settings(warmup_s=0.5, duration_s=1.0, ceiling_s=0.5,
 
 def configure_environment(s: Settings) -> None:
     """Serve's switches, read when `ray.serve` is imported: set them before that."""
-    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1"
+    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if s.throughput_optimized else "0"
     os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0" if s.ingress == "proxy" else "1"
     if s.ingress == "haproxy":
         os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
@@ -103,28 +125,33 @@ def concurrencies(model: BenchModel, s: Settings) -> list[int]:
 
 
 # -- deploying ----------------------------------------------------------------------------------
-def deploy(model: BenchModel) -> None:
-    """The three apps of `model`, side by side (blocking: run it in a thread)."""
+def deploy(model: BenchModel, s: Settings) -> None:
+    """The apps of `model`, side by side (blocking: run it in a thread)."""
     from ray import serve
 
     from benchmarks.serve_apps import Batched, Plain, serve_app
     from cluster.config import load_config
     from deployments.app import build_app
 
-    name, prefix = APPS["raybatch"]
-    apps = {"serve": serve_app(Plain, model), "serve.batch": serve_app(Batched, model),
-            "raybatch": build_app(load_config(raybatch_config(model, name, prefix)))}
-    serve.run_many([serve.RunTarget(app, name=APPS[system][0], route_prefix=APPS[system][1])
-                    for system, app in apps.items()])
+    targets = []
+    for system, (name, prefix) in apps(s).items():
+        if system.startswith("rb:"):
+            cfg = raybatch_config(model, name, prefix, system.removeprefix("rb:"))
+            app = build_app(load_config(cfg))
+        else:
+            app = serve_app(Plain if system == "serve" else Batched, model)
+        targets.append(serve.RunTarget(app, name=name, route_prefix=prefix))
+    serve.run_many(targets)
 
 
-def undeploy(timeout_s: float = 120.0) -> None:
+def undeploy(s: Settings, timeout_s: float = 120.0) -> None:
     from ray import serve
 
-    for name, _ in APPS.values():
+    names = {name for name, _ in apps(s).values()}
+    for name in names:
         serve.delete(name, _blocking=False)
     give_up = time.monotonic() + timeout_s
-    while set(serve.status().applications) & {name for name, _ in APPS.values()}:
+    while set(serve.status().applications) & names:
         if time.monotonic() > give_up:
             raise TimeoutError(f"apps {sorted(serve.status().applications)} still deleting")
         time.sleep(0.2)
@@ -141,61 +168,6 @@ async def pin_raybatch_replica(handle: Any, model: BenchModel) -> None:
 
 
 # -- measuring ----------------------------------------------------------------------------------
-async def measure(submit: Any, payloads: list[Any], fetch: Any, c: int,
-                  s: Settings) -> dict[str, Any]:
-    from benchmarks.loadgen import run_closed_loop
-    from benchmarks.serve_drivers import StatsPoller
-
-    async with StatsPoller(fetch) as poller:
-        r = await run_closed_loop(submit, payloads, concurrency=c, duration_s=s.duration_s,
-                                  warmup_s=s.warmup_s, stats=poller)
-    out = r.as_dict()
-    by_process = poller.server_cpu_s()
-    n = r.requests
-    out["server_cpu_s"] = None if by_process is None else sum(by_process.values())
-    out["server_cpu_us_per_req"] = (out["server_cpu_s"] / n * 1e6
-                                    if by_process is not None and n else None)
-    out["server_cpu_us_per_req_by_process"] = {
-        k: v / n * 1e6 for k, v in sorted((by_process or {}).items(), key=lambda kv: -kv[1])
-        if n and v / n * 1e6 >= 1}
-    return out
-
-
-def _fetchers(model: BenchModel, handles: dict[str, Any]) -> dict[str, Any]:
-    async def raybatch() -> dict[str, Any]:
-        return (await handles["raybatch"].status.remote())[model.name]
-
-    def serve_stats(h: Any) -> Any:
-        async def fetch() -> dict[str, Any]:
-            return await h.stats.remote()
-        return fetch
-
-    return {"serve": serve_stats(handles["serve"]),
-            "serve.batch": serve_stats(handles["serve.batch"]), "raybatch": raybatch}
-
-
-def _handle_submits(model: BenchModel, handles: dict[str, Any]) -> dict[str, Any]:
-    from deployments.client import RaybatchClient
-
-    client = RaybatchClient(handles["raybatch"])
-    name = model.name
-
-    def serve_infer(h: Any) -> Any:
-        async def submit(x: Any) -> Any:
-            return await h.infer.remote(x)
-        return submit
-
-    async def raybatch(x: Any) -> Any:
-        return await handles["raybatch"].infer.remote(name, {"INPUT0": x})
-
-    async def raybatch_client(x: Any) -> Any:
-        return await client.infer(name, {"INPUT0": x})
-
-    return {"serve": serve_infer(handles["serve"]),
-            "serve.batch": serve_infer(handles["serve.batch"]),
-            "raybatch": raybatch, "raybatch.client": raybatch_client}
-
-
 @dataclass
 class Drivers:
     """How one model's systems are driven: handle submits, HTTP URLs, batch-count fetchers."""
@@ -212,13 +184,13 @@ async def measure_model(model: BenchModel, s: Settings) -> dict[str, Any]:
     import ray
 
     t0 = time.perf_counter()
-    await asyncio.to_thread(deploy, model)
+    await asyncio.to_thread(deploy, model, s)
     _progress(f"{model.name}: deployed in {time.perf_counter() - t0:.0f} s")
     d = await drivers(model, s)
     points = [await measure_point(model, c, s, d) for c in concurrencies(model, s)]
     for actor in d.extra.pop("actors", []):
         ray.kill(actor)
-    await asyncio.to_thread(undeploy)
+    await asyncio.to_thread(undeploy, s)
     ceilings = sorted(p["ceiling_items_per_s"] for p in points)
     kind = (f"offline encode(batch_size=64), one thread pinned to core {model.pin_core}"
             if model.name == "minilm" else "full batches of 64, in-process")
@@ -231,19 +203,24 @@ async def drivers(model: BenchModel, s: Settings) -> Drivers:
 
     from benchmarks.serve_drivers import http_body, http_url
 
-    handles = {system: serve.get_app_handle(name) for system, (name, _) in APPS.items()}
-    await pin_raybatch_replica(handles["raybatch"], model)
+    handles = {system: serve.get_app_handle(name) for system, (name, _) in apps(s).items()}
+    for system, h in handles.items():
+        if system.startswith("rb:"):
+            await pin_raybatch_replica(h, model)
     payloads = model.payloads(64)
-    d = Drivers(submits=_handle_submits(model, handles), fetch=_fetchers(model, handles),
+    d = Drivers(submits=handle_submits(model, handles), fetch=fetchers(model, handles),
                 urls={system: await http_url(name, prefix, model.name, s.port,
                                              s.ingress == "direct")
-                      for system, (name, prefix) in APPS.items()},
+                      for system, (name, prefix) in apps(s).items()},
                 payloads=payloads, bodies=[http_body(x, s.binary_http) for x in payloads],
                 extra={})
-    if s.probes:
+    if s.probes and "rb:actor" in handles and "serve" in handles:
         from benchmarks.serve_probes import add_probes
 
+        # The probes reach the actor placement's batching actor (one per model name).
+        handles["raybatch"], d.fetch["raybatch"] = handles["rb:actor"], d.fetch["rb:actor"]
         d.extra = await add_probes(model, s.port + 5, handles, d.submits, d.urls, d.fetch)
+        del d.fetch["raybatch"]
         for hop, v in d.extra.get("hops", {}).items():
             _progress(f"  hop {hop:<50} p50 {v['p50_ms']:7.2f} ms  caller CPU "
                       f"{v['caller_cpu_us']:6.0f} us")
@@ -261,17 +238,26 @@ async def measure_point(model: BenchModel, c: int, s: Settings, d: Drivers) -> d
     _progress(f"{model.name} C={c}: ceiling {top:,.0f} items/s")
     point: dict[str, Any] = {"concurrency": c, "ceiling_items_per_s": top,
                              "loadavg_1m": os.getloadavg()[0]}
+    names = apps(s)
     if "handle" in s.paths:
         point["handle"] = {}
         for system, submit in d.submits.items():
-            f = d.fetch["raybatch" if system.startswith("raybatch") else system]
-            r = point["handle"][system] = await measure(submit, d.payloads, f, c, s)
+            base = system.split("/")[0]
+            app = names.get(base, ("probe", ""))[0]
+            f = d.fetch.get(base) or d.fetch[system]
+            r = point["handle"][system] = await measure(submit, d.payloads, f, c, s, app,
+                                                        base.startswith("rb:"))
             _progress_point(model.name, "handle", c, system, r, top)
     if "http" in s.paths:
         point["http"] = {}
         for system, url in d.urls.items():
-            async with HttpDriver(url, c) as driver:
-                r = await measure(driver.submit, d.bodies, d.fetch[system], c, s)
+            app = names.get(system, ("probe", ""))[0]
+            rb = system.startswith("rb:")
+            if s.http_driver == "wrk":
+                r = await measure_wrk(url, d.bodies[0], d.fetch[system], c, s, app, rb)
+            else:
+                async with HttpDriver(url, c) as driver:
+                    r = await measure(driver.submit, d.bodies, d.fetch[system], c, s, app, rb)
             point["http"][system] = r
             _progress_point(model.name, "http", c, system, r, top)
     return point
@@ -280,9 +266,10 @@ async def measure_point(model: BenchModel, c: int, s: Settings, d: Drivers) -> d
 def _progress_point(model: str, path: str, c: int, system: str, r: dict[str, Any],
                     top: float) -> None:
     err = f" errors {r['errors']} ({r['first_error']})" if r["errors"] else ""
-    _progress(f"{model:<7}{path:<7}C={c:<4}{system:<16}{r['throughput_rps']:>8,.0f} req/s "
+    own = r.get("own_and_front_cpu_us_per_req")
+    _progress(f"{model:<7}{path:<7}C={c:<4}{system:<20}{r['throughput_rps']:>8,.0f} req/s "
               f"({r['throughput_rps'] / top:4.0%} of ceiling) p50 {r['p50_ms']:7.2f} ms "
-              f"batch {r['mean_batch_size'] or 0:5.1f}{err}")
+              f"batch {r['mean_batch_size'] or 0:5.1f} server {own or 0:5.0f} us/req{err}")
 
 
 _T0 = time.perf_counter()
@@ -304,7 +291,8 @@ async def main_async(s: Settings, models: list[str]) -> dict[str, Any]:
         "env": {k: v for k, v in os.environ.items() if k.startswith("RAY_SERVE_")},
         "models": {},
     }
-    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    # Logical CPUs only (scheduling, not cores): room for every app of every variant at once.
+    ray.init(address="local", num_cpus=16, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": s.port})
         catalog = bench_models()
@@ -331,8 +319,13 @@ def run_variants(args: argparse.Namespace) -> dict[str, Any]:
                    "--paths", *args.paths]
             cmd += ["--concurrency", *map(str, args.concurrency)] if args.concurrency else []
             cmd += ["--duration", str(args.duration)] if args.duration else []
+            cmd += ["--variants", *args.variants, "--peers", *args.peers,
+                    "--http-driver", args.http_driver]
             cmd += [flag for flag, on in (("--quick", args.quick), ("--probes", args.probes),
                                           ("--json-http", args.json_http),
+                                          ("--no-disconnect-watch", args.no_disconnect_watch),
+                                          ("--no-throughput-optimized",
+                                           args.no_throughput_optimized),
                                           ("--isolate-model-core", args.isolate_model_core))
                     if on]
             subprocess.run(cmd, check=True)
@@ -363,6 +356,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "core, not just pin the model replicas to it")
     ap.add_argument("--json-http", action="store_true",
                     help="JSON tensors over HTTP instead of the binary extension")
+    ap.add_argument("--variants", nargs="+", choices=RAYBATCH_VARIANTS,
+                    default=["actor", "ingress"],
+                    help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch")
+    ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=list(PEERS),
+                    help="Serve baselines to run beside Raybatch")
+    ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",
+                    help="HTTP load generator (wrk: little client CPU; aiohttp: many payloads)")
+    ap.add_argument("--no-disconnect-watch", action="store_true",
+                    help="HTTP clients send x-request-disconnect-disabled: ?1 (Serve then "
+                         "skips its per-request disconnect watch)")
+    ap.add_argument("--no-throughput-optimized", action="store_true",
+                    help="RAY_SERVE_THROUGHPUT_OPTIMIZED=0 (direct ingress stays as --ingress "
+                         "says): what the switch buys")
     return ap.parse_args(argv)
 
 
@@ -376,7 +382,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     s = replace(QUICK if args.quick else FULL, port=args.port, ingress=args.ingress[0],
                 paths=tuple(args.paths), binary_http=not args.json_http, probes=args.probes,
-                isolate=args.isolate_model_core)
+                isolate=args.isolate_model_core, variants=tuple(args.variants),
+                peers=tuple(args.peers), http_driver=args.http_driver,
+                disconnect_watch=not args.no_disconnect_watch,
+                throughput_optimized=not args.no_throughput_optimized)
     if args.concurrency:
         s = replace(s, concurrencies=tuple(args.concurrency))
     if args.duration:

@@ -202,3 +202,39 @@ class StatsPoller:
             return None
         (_, a), (_, b) = self.edges[:2]
         return {k: b[k] - a.get(k, 0.0) for k in b if b[k] - a.get(k, 0.0) > 0}
+
+
+# -- process groups -----------------------------------------------------------------------------
+FRONTS = ("serve proxy", "haproxy")
+
+
+def group_of(title: str) -> str:
+    """The process group of a Ray process title: `<app>/<deployment>` for a Serve replica,
+    `batcher`, `model replicas`, `serve proxy`, `haproxy`, `serve controller`, else `ray`."""
+    t = title.removeprefix("ray::")
+    if t.startswith("ServeReplica:"):
+        _, app, deployment = [*t.split(":", 2), "?"][:3]
+        return f"{app}/{deployment}"
+    for prefix, group in (("BatcherActor", "batcher"), ("ModelReplica", "model replicas"),
+                          ("PlainBatcher", "batcher"), ("ProxyActor", "serve proxy"),
+                          ("ServeController", "serve controller"), ("haproxy", "haproxy")):
+        if t.startswith(prefix):
+            return group
+    return "ray"
+
+
+def cpu_by_group(by_title: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for title, cpu in by_title.items():
+        g = group_of(title)
+        out[g] = out.get(g, 0.0) + cpu
+    return out
+
+
+def own_cpu_s(groups: dict[str, float], app: str, raybatch: bool) -> float:
+    """CPU of the system's own processes: its ingress (or Serve replica) and, for Raybatch,
+    its batching actors and model replicas (only the driven system is busy in a point)."""
+    own = sum(v for g, v in groups.items() if g.startswith(f"{app}/"))
+    if raybatch:
+        own += groups.get("batcher", 0.0) + groups.get("model replicas", 0.0)
+    return own

@@ -96,11 +96,19 @@ def bench_models() -> dict[str, BenchModel]:
     }
 
 
-def raybatch_config(model: BenchModel, app_name: str, route_prefix: str) -> dict[str, Any]:
-    """The Raybatch config dict of an app serving just `model` (for `load_config`)."""
+def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
+                    variant: str = "actor") -> dict[str, Any]:
+    """The Raybatch config dict of an app serving just `model` (for `load_config`).
+    `variant`: `actor` or `ingress` (`batcher.placement`), then `+idle` for
+    `idle_dispatch`, `+access` for Serve's access log (at INFO)."""
+    placement, *flags = variant.split("+")
+    m = model.config.model_dump(mode="json")
+    m["batcher"] = {**m.get("batcher", {}), "placement": placement}
+    m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags}
     return {"app_name": app_name,
-            "ingress": {"num_replicas": 1, "num_cpus": 0.5, "route_prefix": route_prefix},
-            "models": [model.config.model_dump(mode="json")]}
+            "ingress": {"num_replicas": 1, "num_cpus": 0.5, "route_prefix": route_prefix,
+                        "access_log": "access" in flags},
+            "models": [m]}
 
 
 def pin_current_thread(core: int | None) -> None:

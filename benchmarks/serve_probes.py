@@ -35,7 +35,7 @@ def _batcher_name(model: str) -> tuple[str, str]:
     Raybatch ingress, registered under a longer name; the benchmark deploys one shard)."""
     import ray
 
-    from deployments.ingress import batcher_actor_name
+    from deployments.backends import batcher_actor_name
 
     want = batcher_actor_name(model)
     for a in ray.util.list_named_actors(all_namespaces=True):

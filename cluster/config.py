@@ -179,10 +179,19 @@ class WarmupConfig(BaseModel):
 class BatcherConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    placement: Literal["actor", "ingress"] = "actor"
+    """Where the engine runs. `actor`: one batching actor per model (per shard), batching
+    the requests of every ingress replica together; one more Ray hop per bundle.
+    `ingress`: each ingress replica runs the engine itself and sends batches straight to
+    its own share of the model's replicas (one hop fewer; batches form per ingress
+    replica, as with `@serve.batch`). Only dynamic batching can run in the ingress.
+    Left out: `ingress` for dynamic batching with one shard (measured faster on every
+    path but the client's; README), `actor` otherwise."""
     shards: int = Field(default=1, ge=1)
-    """Batching actors for this model; each owns its share of the replicas."""
+    """Batching actors for this model (placement `actor`); each owns its share of the
+    replicas."""
     num_cpus: float = Field(default=0.0, ge=0)
-    """CPUs each batching actor reserves."""
+    """CPUs each batching actor reserves (placement `actor`)."""
 
 
 class LimitsConfig(BaseModel):
@@ -289,6 +298,41 @@ class ModelConfig(BaseModel):
                              f"'{MOVED_MODULES[module]}:{name}' instead")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_placement(cls, data: Any) -> Any:
+        """A model that names no `batcher.placement` gets the fastest that fits its kind."""
+        if not isinstance(data, dict):
+            return data
+        batcher = data.get("batcher")
+        batcher = dict(batcher) if isinstance(batcher, dict) else batcher
+        if batcher is not None and not isinstance(batcher, dict):
+            return data  # a BatcherConfig already: its placement is set
+        batcher = batcher or {}
+        if "placement" not in batcher:
+            stateless = _policy_kind(data.get("batching", {})) == "dynamic"
+            one_shard = batcher.get("shards", 1) == 1
+            batcher["placement"] = "ingress" if stateless and one_shard else "actor"
+            data = {**data, "batcher": batcher}
+        return data
+
+    @model_validator(mode="after")
+    def _placement(self) -> ModelConfig:
+        if self.batcher.placement != "ingress":
+            return self
+        kind = self.batching.kind
+        if kind != "dynamic":
+            raise ValueError(
+                f"batcher.placement='ingress' with batching.kind={kind!r}: sequence and "
+                "iterative models keep each sequence on one batching actor, so only dynamic "
+                "batching can run in the ingress; set batcher.placement to 'actor'")
+        if self.batcher.shards != 1:
+            raise ValueError(
+                f"batcher.shards={self.batcher.shards} with batcher.placement='ingress': each "
+                "ingress replica already runs its own engine; drop shards or set placement "
+                "to 'actor'")
+        return self
+
     @field_validator("inputs", "outputs")
     @classmethod
     def _some(cls, v: tuple[TensorConfig, ...]) -> tuple[TensorConfig, ...]:
@@ -363,6 +407,15 @@ class IngressConfig(BaseModel):
     drain_timeout_s: float = Field(default=15.0, gt=0)
     """On delete or redeploy: how long the batching actors may take to finish the requests
     they accepted (new ones get 503) before what is left fails with 503."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    """Log level of the app's Serve deployments. Below INFO, Serve skips the access-log
+    record it otherwise builds for every request, even with `access_log: false`."""
+    access_log: bool = False
+    """Serve's access log, one line per request (it then logs at INFO at least)."""
+    haproxy: bool = True
+    """`raybatch up` starts Ray with Serve's HAProxy on the HTTP port, in front of the
+    ingress replicas' own ports (`RAY_SERVE_ENABLE_HA_PROXY=1`); False: Serve's proxy.
+    HAProxy binds the replicas' ports on all interfaces. See `cluster.render.serve_environment`."""
 
 
 class MetricsConfig(BaseModel):

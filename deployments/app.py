@@ -4,7 +4,9 @@
 variable `RAYBATCH_CONFIG` (default: the bundled demo). Each model gets a
 batching actor declared as a deployment-scoped actor of the ingress, so Serve
 owns its lifecycle: deleting the app (or `serve shutdown`) stops the batching
-actors, and with them the replica actors they own.
+actors, and with them the replica actors they own. A model with
+`batcher.placement: ingress` has no batching actor: each ingress replica runs
+its engine and owns its replicas (`deployments.backends`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from ray.serve.config import DeploymentActorConfig
 
 from cluster.config import RaybatchConfig, load_default
 from cluster.modelpath import python_path_env
+from cluster.render import logging_config
+from deployments.backends import batcher_actor_name
 from deployments.batcher import BatcherActor
 from deployments.http import REPLICA_ENV
-from deployments.ingress import Ingress, batcher_actor_name
+from deployments.ingress import Ingress
 
 
 def build_app(config: RaybatchConfig) -> serve.Application:
@@ -33,7 +37,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
                          "metrics_json": config.metrics.model_dump_json()},
             actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000, **env},
         )
-        for m in config.models
+        for m in config.models if m.batcher.placement == "actor"  # else: in the ingress
         for shard in range(m.batcher.shards)
     ]
     drain_s = config.ingress.drain_timeout_s
@@ -49,6 +53,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         # __del__, deployments.drain). Checked 4x a second, not every 2 s.
         graceful_shutdown_timeout_s=2 * drain_s + 5,
         graceful_shutdown_wait_loop_s=0.25,
+        logging_config=logging_config(config),  # WARNING: no access-log record per request
     )
     return deployment.bind(config.model_dump_json())
 

@@ -10,7 +10,10 @@ one event-loop tick into one call; generations share one long poll per
 batching actor. If a batching actor was recreated, the failed requests get `WorkerDied`
 and the next call fetches the route again. A request refused with `Draining` (the app
 is being redeployed: nothing of it ran) is sent again, on a freshly fetched route, for
-up to `DRAIN_RETRY_S`.
+up to `DRAIN_RETRY_S`. A model whose engine runs in the ingress
+(`batcher.placement: ingress`) has no batching actor to reach: the client still
+validates and coalesces, and sends each bundle through the app's handle
+(`Ingress.infer_entries`), one Serve call per bundle instead of one per request.
 
     client = RaybatchClient()                       # the app named "raybatch"
     out = await client.infer("mlp", {"INPUT0": x})  # {"OUTPUT0": y}
@@ -103,8 +106,26 @@ class RaybatchClient:
     async def _fetch(self, model: str) -> ModelRoute:
         config_json, actors, default_timeout_s = await self._handle.route_info.remote(model)
         config = ModelConfig.model_validate_json(config_json)
+        if actors is None:  # the engine runs in the ingress replicas
+            via = _ViaIngress(self._handle, model)
+            return ModelRoute(config, [lambda: via], default_timeout_s)
         return ModelRoute(config, [_const(a) for a in actors], default_timeout_s)
 
 
 def _const(actor: Any) -> Any:
     return lambda: actor
+
+
+class _ViaIngress:
+    """Stands in for a batching actor (`infer.remote(bundle)`) when the engine runs in
+    the ingress: a bundle goes to `Ingress.infer_entries` through the app's handle."""
+
+    def __init__(self, handle: Any, model: str) -> None:
+        self.infer = _Method(lambda bundle: handle.infer_entries.remote(model, bundle))
+
+
+class _Method:
+    __slots__ = ("remote",)
+
+    def __init__(self, remote: Any) -> None:
+        self.remote = remote

@@ -3,8 +3,9 @@
 The ingress parses (a clear 4xx for anything wrong) and hands each request to the
 model's `ModelRoute`, which checks it against the model's tensors, gives it its
 deadline, and coalesces what arrived in the same loop tick into bundles of one
-batch's worth for the least-loaded batching actor. It never batches or queues
-itself: the batching actors do, across all ingress replicas.
+batch's worth for the least-loaded batching actor, which batches across all
+ingress replicas; or, for a model with `batcher.placement: ingress`, submits it
+to the engine running in this replica (`deployments.backends`).
 
 HTTP is `deployments.http.OipApp`, a raw ASGI app, handed to Serve at replica start
 (`__serve_build_asgi_app__`) and mounted on the direct-ingress fast path
@@ -17,27 +18,22 @@ backend's models.
 
 
 import asyncio
-import time
 from typing import Any
 
 import numpy as np
 from ray import serve
 
 from batching.errors import RaybatchError
-from cluster.config import ModelConfig, RaybatchConfig
+from cluster.config import MetricsConfig, ModelConfig, RaybatchConfig
+from deployments.backends import batcher_actor_name, make_backend
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.metrics import CallerMetrics
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
-from deployments.route import ModelRoute
-from deployments.stats import merge_stats, model_counters_json
+from deployments.stats import model_counters_json
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
-
-
-def batcher_actor_name(model: str, shard: int = 0) -> str:
-    return f"batcher-{model}" if shard == 0 else f"batcher-{model}-{shard}"
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
@@ -64,22 +60,22 @@ def _this_actor() -> Any:
         return None
 
 
-def _actor_getter(name: str) -> Any:
-    return lambda: serve.get_deployment_actor(name)
-
-
 class _Model:
+    """One model of this ingress replica: its endpoint entry, and where its engine runs
+    (`batcher.placement`: batching actors, or this replica; `deployments.backends`)."""
+
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
-                 metrics: bool = False) -> None:
+                 ingress_replicas: int, metrics: MetricsConfig) -> None:
         self.config = config
         self.entry = ModelEntry(config.name, config.version, model_spec(config))
-        self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
-        self.route = ModelRoute(config, [_actor_getter(n) for n in self.names], default_timeout_s,
-                                CallerMetrics(config) if metrics else None)
-        self.ready: asyncio.Future | None = None
+        self.backend = make_backend(config, default_timeout_s, ingress_replicas,
+                                    serve.get_deployment_actor,
+                                    CallerMetrics(config) if metrics.enabled else None, metrics)
+        self.route = self.backend.route
 
     def actors(self) -> list[Any]:
-        return [serve.get_deployment_actor(name) for name in self.names]
+        """Its batching actors ([] when its engine runs in this replica)."""
+        return self.backend.client_actors() or []
 
 
 async def _raise(e: BaseException) -> Any:
@@ -97,27 +93,14 @@ class ServeBackend:
     """The models of one ingress replica: what `OipApp` runs requests on (`Backend`)."""
 
     def __init__(self, config: RaybatchConfig) -> None:
-        timeout, metrics = config.ingress.default_timeout_s, config.metrics.enabled
-        self.by_name = {m.name: _Model(m, timeout, metrics) for m in config.models}
+        ingress, metrics = config.ingress, config.metrics
+        self.by_name = {m.name: _Model(m, ingress.default_timeout_s, ingress.num_replicas,
+                                       metrics) for m in config.models}
         self._entries = [m.entry for m in self.by_name.values()]
         self.drain: IngressDrain | None = None  # set by the ingress: 503 once draining
 
-    async def wait_ready(self, timeout_s: float = 300.0) -> None:
-        await asyncio.gather(*(self._wait_ready(m, timeout_s) for m in self.by_name.values()))
-
-    async def _wait_ready(self, m: _Model, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:  # the deployment-scoped actor may not be registered yet
-            try:
-                actors = m.actors()
-                break
-            except ValueError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-        await asyncio.gather(*(a.ready.remote() for a in actors))
-        m.ready = asyncio.get_running_loop().create_future()
-        m.ready.set_result(True)
+    async def wait_ready(self) -> None:
+        await asyncio.gather(*(m.backend.start() for m in self.by_name.values()))
 
     def get(self, name: str, version: str | None = None) -> _Model:
         if self.drain is not None:
@@ -138,20 +121,10 @@ class ServeBackend:
         return self.get(name, version).entry
 
     async def ready(self, model: ModelEntry) -> bool:
-        m = self.by_name[model.name]
-        if m.ready is None:
-            m.ready = asyncio.ensure_future(asyncio.gather(*(a.ready.remote()
-                                                             for a in m.actors())))
-        if not m.ready.done():
-            await asyncio.wait([m.ready], timeout=0.2)
-        if m.ready.done() and m.ready.exception() is not None:
-            m.ready = None
-            return False
-        return m.ready is not None and m.ready.done()
+        return await self.by_name[model.name].backend.is_ready()
 
     async def raw_stats(self, name: str) -> dict[str, Any]:
-        m = self.by_name[name]
-        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in m.actors())))
+        return await self.by_name[name].backend.stats()
 
     async def stats(self, model: ModelEntry) -> dict[str, Any]:
         return model_counters_json(model.spec, await self.raw_stats(model.name))
@@ -181,9 +154,8 @@ class Ingress(GrpcIngress):
         self.grpc_servicer = GrpcServicer(
             backend.get, backend.by_name.values, lambda m: backend.ready(m.entry),
             lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes)
-        names = [n for m in backend.by_name.values() for n in m.names]
         backend.drain = self.drain = IngressDrain(
-            lambda: [serve.get_deployment_actor(n) for n in names],
+            lambda: [a for m in backend.by_name.values() for a in m.actors()],
             self.config.ingress.drain_timeout_s, _this_actor())
         await backend.wait_ready()
         await self.drain.attach()
@@ -204,6 +176,9 @@ class Ingress(GrpcIngress):
             unmount(self.http)
         if getattr(self, "drain", None) is not None:  # None: __init__ failed before it
             await self.drain.finish()
+            # Engines in this replica (placement ingress) finish what they accepted too.
+            await asyncio.gather(*(m.backend.drain(self.config.ingress.drain_timeout_s)
+                                   for m in self.backend.by_name.values()))
 
     # -- the handle API ---------------------------------------------------------------
     async def infer(self, model: str, inputs: dict[str, np.ndarray],
@@ -241,11 +216,19 @@ class Ingress(GrpcIngress):
                                                                           parameters):
             yield event
 
-    async def route_info(self, model: str) -> tuple[str, list[Any], float | None]:
-        """What `RaybatchClient` needs to send to `model`'s batching actors itself:
-        the model's config (JSON), the actor handles, the default deadline."""
+    async def infer_entries(self, model: str, bundle: list[tuple]) -> list[tuple]:
+        """A `RaybatchClient` bundle for a model whose engine runs in the ingress
+        (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`,
+        answered `(key, value, error)` as a batching actor answers them."""
+        return await self.backend.get(model).backend.infer_entries(bundle)
+
+    async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:
+        """What `RaybatchClient` needs to send to `model`'s engine itself: the model's
+        config (JSON), the batching actors' handles (None: the engine runs in the
+        ingress, send bundles to `infer_entries`), the default deadline."""
         m = self.backend.get(model)
-        return m.config.model_dump_json(), m.actors(), self.config.ingress.default_timeout_s
+        return (m.config.model_dump_json(), m.backend.client_actors(),
+                self.config.ingress.default_timeout_s)
 
     async def status(self) -> dict[str, Any]:
         return {name: await self.backend.raw_stats(name) for name in self.backend.by_name}

@@ -3,7 +3,8 @@
 It checks a request's tensors against the model's declared inputs (a clear
 `InvalidRequest` otherwise; `deployments.signature`), applies the default
 deadline, hands the request to the shard with the least outstanding work through
-that shard's `Coalescer`, and shapes the result into the model's declared outputs
+that shard's `Coalescer` (or to the engine itself when it runs in this process:
+`deployments.backends`), and shapes the result into the model's declared outputs
 (a multi-tensor model's request carries a `TensorBatch` of every input and gets
 back every output). The Serve ingress uses it for HTTP, gRPC and handle calls;
 `RaybatchClient` uses the very same object in the caller's process, talking
@@ -38,14 +39,19 @@ from deployments.signature import Signature
 class ModelRoute:
     def __init__(self, config: ModelConfig, get_actors: list[Callable[[], Any]],
                  default_timeout_s: float | None = None,
-                 metrics: CallerMetrics | None = None) -> None:
+                 metrics: CallerMetrics | None = None,
+                 shards: list[Any] | None = None) -> None:
+        """`get_actors`: each batching actor's getter (one `Coalescer` each); or `shards`:
+        ready-made submit targets with the `Coalescer`'s interface (`submit`,
+        `outstanding`), such as the engine running in this process (`LocalEngine`)."""
         self.signature = Signature(config)
         self.config = config
         self.kind = config.batching.kind
         self.metrics = metrics
         size = getattr(config.batching, "max_batch_size", 64)
         lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
-        self.shards = [Coalescer(get, bundle_items=size, on_lost=lost) for get in get_actors]
+        self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost)
+                                 for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
         self.default_timeout_s = default_timeout_s
@@ -89,7 +95,8 @@ class ModelRoute:
         if self.kind == "iterative":
             raise self._invalid(f"model {self.config.name!r} is generative: use generate or "
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
-        shard = min(self.shards, key=lambda c: c.outstanding)  # least outstanding work
+        shards = self.shards
+        shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
         value = await shard.submit(array, priority, timeout_s)
         return self.signature.result(value)
 

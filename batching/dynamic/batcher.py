@@ -9,6 +9,8 @@ first (no deadline sorts last, FIFO), then the requests delayed by their
 level's `timeout_action=delay`. When to send, checked in this order:
   drain      the host is closing: send what is queued, no waiting;
   full       `max_batch_size` items or `max_batch_cost` queued;
+  idle       `idle_dispatch` and no batch in flight: no replica is busy, so a fuller
+             batch is not worth a wait (Triton's semantics when the flag is off);
   preferred  the largest preferred size is queued;
   deadline   a queued request's deadline leaves just the predicted batch latency
              (with a cold latency model: it comes before the delay would run out);
@@ -173,6 +175,8 @@ class DynamicBatcher:
             return None
         times = [min(q.earliest_deadline() for q in self._levels)]
         if not self._blocked:
+            if self.policy.idle_dispatch and not self._inflight:  # due now
+                times.append(next(iter(self._queued.values())).arrival_s)
             times.append(self._delay_send_s())
             times.append(self._deadline_send_s())
         t = min(times)
@@ -204,6 +208,8 @@ class DynamicBatcher:
             return FlushReason.DRAIN, p.max_batch_size
         if self._items >= p.max_batch_size or self._cost >= self._max_cost:
             return FlushReason.FULL, p.max_batch_size
+        if p.idle_dispatch and not self._inflight:
+            return FlushReason.IDLE, p.max_batch_size
         largest = p.largest_preferred
         if largest is not None and self._items >= largest:
             return FlushReason.PREFERRED, largest

@@ -102,6 +102,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
         return self.engine.queued_items
 
     @property
+    def open_requests(self) -> int:
+        """Requests submitted that have no outcome yet."""
+        return len(self._open)
+
+    @property
     def busy(self) -> bool:
         return bool(self.engine.queued_items or self._inflight)
 

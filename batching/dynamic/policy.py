@@ -55,6 +55,11 @@ class DynamicPolicy(BaseModel):
     """Most items in one batch."""
     max_queue_delay_s: float = Field(default=0.0, ge=0)
     """Longest the oldest queued request waits for a fuller batch; 0 never waits."""
+    idle_dispatch: bool = False
+    """Send at once, without waiting `max_queue_delay_s`, when no batch of this model is
+    in flight (every replica idle): a lone request then pays no delay. Under load some
+    batch is always in flight and the delay applies as usual. False keeps Triton's
+    semantics (the oldest request always waits the delay for a fuller batch)."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Sizes worth waiting for: a batch is sent once the largest that fits is reached."""
     max_batch_cost: float | None = Field(default=None, gt=0)

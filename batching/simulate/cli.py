@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--jitter", type=float, default=0.0, help="sigma of a log-normal factor on compute")
     add("--max-batch-size", type=_positive(int), default=32)
     add("--max-queue-delay-ms", type=float, default=0.0)
+    add("--idle-dispatch", action="store_true",
+        help="send at once when no batch is in flight (the delay applies only under load)")
     add("--preferred", type=_sizes, default=(), metavar="8,16", help="preferred batch sizes")
     add("--items-per-request", type=_positive(int), default=1)
     add("--timeout-ms", type=_positive(float), help="every request's queue timeout")
@@ -64,6 +66,7 @@ def _policy(args: argparse.Namespace) -> DynamicPolicy:
     return DynamicPolicy(
         max_batch_size=args.max_batch_size,
         max_queue_delay_s=args.max_queue_delay_ms / 1e3,
+        idle_dispatch=args.idle_dispatch,
         preferred_batch_sizes=args.preferred,
     )
 

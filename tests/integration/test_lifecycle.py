@@ -1,4 +1,5 @@
-"""Deleting an app stops its batching actors and, with them, every replica actor they own.
+"""Deleting an app stops its batching actors and, with them, every replica actor they own;
+and the replicas its ingress replicas own (models with `batcher.placement: ingress`).
 
 Run on a small app of its own, deployed beside the shared one, which must not be touched.
 Actors are read from the GCS (`ray._private.state.actors()`), which needs no dashboard.
@@ -40,10 +41,16 @@ def test_deleting_the_app_leaves_no_batcher_or_replica_alive(app):
     config = load_config(CONFIGS / "small.yaml")
     name = config.app_name
     handle = serve.run(build_app(config), name=name, route_prefix=config.ingress.route_prefix)
-    out = handle.infer.remote("square", {"INPUT0": np.array([5.0], np.float32)})
-    np.testing.assert_array_equal(out.result(timeout_s=30)["OUTPUT0"], [25.0])
+    for model in ("square", "square-local"):
+        out = handle.infer.remote(model, {"INPUT0": np.array([5.0], np.float32)})
+        np.testing.assert_array_equal(out.result(timeout_s=30)["OUTPUT0"], [25.0])
 
     table = actors()
+    ingress = {a for a, info in table.items() if info["State"] == "ALIVE"
+               and info["ActorClassName"].startswith(f"ServeReplica:{name}:")}
+    assert len(ingress) == 1, {table[a]["ActorClassName"] for a in table}
+    local = owned_by(table, ingress)
+    assert len(local) == 1 and all(table[a]["State"] == "ALIVE" for a in local)
     batchers = {a for a, info in table.items() if info["ActorClassName"] == "BatcherActor"
                 and f"::{name}::" in info["Name"] and info["State"] == "ALIVE"}
     assert len(batchers) == 1, [table[a]["Name"] for a in batchers]
@@ -51,13 +58,15 @@ def test_deleting_the_app_leaves_no_batcher_or_replica_alive(app):
     assert len(replicas) == 1 and all(table[a]["State"] == "ALIVE" for a in replicas)
     shared = {a for a, info in table.items() if info["State"] == "ALIVE"
               and info["ActorClassName"] in ("BatcherActor", "ModelReplica")} - batchers - replicas
+    shared -= local
     assert shared, "the shared app's actors should be listed too"
 
     serve.delete(name)
 
     def lingering() -> dict[str, str]:
         t = actors()
-        return {a: t[a]["ActorClassName"] for a in batchers | replicas if t[a]["State"] != "DEAD"}
+        return {a: t[a]["ActorClassName"] for a in batchers | replicas | local
+                if t[a]["State"] != "DEAD"}
 
     wait_until(lambda: not lingering(), timeout_s=30, what=f"the actors of {name!r} to die")
     t = actors()

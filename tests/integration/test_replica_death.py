@@ -1,6 +1,8 @@
 """A replica actor killed under load: every request still ends once, with its own result.
 
-`slowsquare` (x², 10 ms per batch of at most 8) runs on two replicas. The test
+`slowsquare` (x², 10 ms per batch of at most 8) runs on two replicas; so does
+`slowsquare-local`, whose engine runs in the ingress replica (`batcher.placement:
+ingress`), reached by the client through the app's handle. The test
 sends 800 requests of distinct inputs, kills one replica's process while it has
 batches outstanding, and checks that each caller got exactly x² of its own x
 (the batches of the dead replica included), that nothing failed, that the
@@ -22,19 +24,19 @@ from tests.conftest import arun, wait_until
 
 pytestmark = pytest.mark.integration
 
-MODEL = "slowsquare"
 N = 800
 
 
-def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
-    before = app.stats(MODEL)
+@pytest.mark.parametrize("model", ["slowsquare", "slowsquare-local"])
+def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app, model):
+    before = app.stats(model)
     assert before["replicas"] == 2, before["replica_info"]
     victim = before["replica_info"][0]
     xs = [np.array([i, i + 0.25], np.float32) for i in range(N)]
 
     async def one(client: RaybatchClient, i: int):
         try:
-            return i, await client.infer(MODEL, {"INPUT0": xs[i]})
+            return i, await client.infer(model, {"INPUT0": xs[i]})
         except WorkerDied as e:
             return i, e
 
@@ -42,7 +44,7 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
         client = RaybatchClient(app.handle)
         first = [asyncio.ensure_future(one(client, i)) for i in range(N // 2)]
         while True:  # kill only once the victim is busy: its batches must be retried
-            s = await app.astats(MODEL)
+            s = await app.astats(model)
             busy = [r for r in s["replica_info"]
                     if r["index"] == victim["index"] and r.get("outstanding_batches", 0) > 0]
             if busy and s["batches"] > before["batches"]:
@@ -63,7 +65,7 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
     for i, out in results:
         np.testing.assert_array_equal(out["OUTPUT0"], xs[i] * xs[i], err_msg=f"request {i}")
 
-    after = app.stats(MODEL)
+    after = app.stats(model)
     assert after["success"]["count"] - before["success"]["count"] == N
     assert after["fail"]["count"] == before["fail"]["count"]
     assert after["items"] - before["items"] == 2 * N  # no request was batched twice
@@ -72,7 +74,7 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
     assert after["retried_batches"] > before["retried_batches"]  # its batches ran again
 
     def replaced():
-        s = app.stats(MODEL)
+        s = app.stats(model)
         infos = s["replica_info"]
         alive = [r for r in infos if r["state"] == "ALIVE"]
         ok = (s["replicas"] == 2 and len(alive) == 2
@@ -81,5 +83,5 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app):
 
     infos = wait_until(replaced, timeout_s=60, what="the pool to be back to 2 live replicas")
     assert victim["pid"] not in {r["pid"] for r in infos}
-    out = app.handle.infer.remote(MODEL, {"INPUT0": np.array([4.0], np.float32)})
+    out = app.handle.infer.remote(model, {"INPUT0": np.array([4.0], np.float32)})
     np.testing.assert_array_equal(out.result(timeout_s=30)["OUTPUT0"], [16.0])

@@ -133,3 +133,24 @@ def test_limits_are_validated_with_the_field_named():
         _model(limits={"queue_batches": 0})
     with pytest.raises(ValidationError, match="max_request_items"):
         _model(limits={"max_request_items": 0})
+def test_placement_ingress_is_for_dynamic_batching_only_and_has_no_shards():
+    cfg = load_config({"models": [{**MODEL, "batcher": {"placement": "ingress"}}]})
+    assert cfg.models[0].batcher.placement == "ingress"
+    bad(r"batcher.placement='ingress' with batching.kind='sequence'.*set batcher.placement "
+        r"to 'actor'", batching={"kind": "sequence"}, batcher={"placement": "ingress"})
+    bad(r"batcher.placement='ingress' with batching.kind='iterative'",
+        batching={"kind": "iterative"}, batcher={"placement": "ingress"})
+    bad(r"batcher.shards=2 with batcher.placement='ingress'",
+        batcher={"placement": "ingress", "shards": 2})
+    bad(r"placement='ingres': must be 'actor' or 'ingress'", batcher={"placement": "ingres"})
+
+
+def test_placement_left_out_is_ingress_for_one_shard_of_dynamic_batching_else_actor():
+    def placement(**model) -> str:
+        return load_config({"models": [{**MODEL, **model}]}).models[0].batcher.placement
+
+    assert placement() == "ingress"
+    assert placement(batcher={"shards": 2}) == "actor"
+    assert placement(batching={"kind": "sequence"}) == "actor"
+    assert placement(batching={"kind": "iterative"}) == "actor"
+    assert placement(batcher={"placement": "actor"}) == "actor"

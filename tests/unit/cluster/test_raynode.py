@@ -65,7 +65,10 @@ def test_join_dry_run_prints_the_ray_start_command(two_socket, capsys):
     out = capsys.readouterr().out
     assert out.startswith("$ ") and " start --address 10.0.0.1:6379 --resources " in out
     assert """'{"numa0": 8, "numa1": 8}'""" in out
-    assert out.rstrip().endswith("--block --object-store-memory 100000000")
+    command, env = out.rstrip().splitlines()
+    assert command.endswith("--block --object-store-memory 100000000")
+    # Serve's switches go into the node's environment (the controller reads them there)
+    assert env.startswith("with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=1")
     assert main(["join", "--dry-run", "--sysfs-root", str(two_socket.root)]) == 2
     assert "exactly one of --address" in capsys.readouterr().err
 

@@ -62,3 +62,27 @@ def test_cli_build_reads_raybatch_config_like_up_and_serve_run(tmp_path, capsys,
     monkeypatch.delenv("RAYBATCH_CONFIG")
     assert main(["build"]) == 0  # without it: the bundled demo
     assert yaml.safe_load(capsys.readouterr().out)["applications"][0]["name"] == "raybatch"
+
+
+def test_the_app_logs_at_warning_without_access_log_unless_asked():
+    from ray.serve.schema import ServeDeploySchema
+
+    (app,) = ServeDeploySchema.model_validate(serve_config(_config())).applications
+    assert (app.logging_config.log_level, app.logging_config.enable_access_log) == (
+        "WARNING", False)
+    on = serve_config(_config(access_log=True))["applications"][0]["logging_config"]
+    assert on == {"log_level": "INFO", "enable_access_log": True}  # access lines are INFO
+
+
+def test_serve_environment_names_throughput_mode_direct_ingress_and_haproxy(tmp_path, capsys):
+    from cluster.render import serve_environment
+
+    assert serve_environment(_config()) == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+                                            "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                                            "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in serve_environment(_config(haproxy=False))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(_config().model_dump(mode="json")))
+    assert main(["build", "--config", str(cfg)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# ") and "RAY_SERVE_ENABLE_HA_PROXY=1" in text.split("\n")[3]

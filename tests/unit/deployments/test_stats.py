@@ -47,3 +47,16 @@ def test_each_shard_runs_its_share_of_the_replicas_rounded_up():
         "replicas": {"min_replicas": 3, "max_replicas": 5}, "batcher": {"shards": 2}}]})
     share = shard_config(cfg.models[0]).replicas
     assert (share.min_replicas, share.max_replicas) == (2, 3)
+
+
+def test_each_ingress_replica_of_an_ingress_placed_model_owns_its_share():
+    from deployments.backends import replica_share
+
+    cfg = load_config({"models": [{
+        "name": "m", "transformer": "deployments.models:Square",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+        "replicas": {"min_replicas": 3, "max_replicas": 5}, "batcher": {"placement": "ingress"}}]})
+    share = replica_share(cfg.models[0], 2).replicas
+    assert (share.min_replicas, share.max_replicas) == (2, 3)
+    assert replica_share(cfg.models[0], 1).replicas == cfg.models[0].replicas

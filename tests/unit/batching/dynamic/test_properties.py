@@ -62,6 +62,7 @@ def policies(draw) -> tuple[DynamicPolicy, str]:
     policy = DynamicPolicy(
         max_batch_size=max_bs,
         max_queue_delay_s=draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+        idle_dispatch=draw(st.booleans()),
         preferred_batch_sizes=tuple(draw(st.lists(st.integers(1, max_bs), max_size=3))),
         max_batch_cost=draw(st.none() | st.sampled_from([3.0, 5.0, 12.0])),
         cost_fn=item_cost if use_cost else None,
@@ -293,6 +294,8 @@ class Host:
             # a cold model sends at once when the delay would outlast a deadline
             "deadline": earliest != math.inf and earliest <= delay_s,
             "delay": delay_s <= self.now,
+            # idle_dispatch: with no batch in flight nothing is worth waiting for
+            "idle": p.idle_dispatch and not self.inflight,
         }
 
     def check_not_due(self) -> None:
@@ -300,7 +303,8 @@ class Host:
         if self.mode != "cold" or not self.queued():
             return
         d = self.due()
-        assert not (self.draining or d["full"] or d["preferred"] or d["deadline"] or d["delay"]), d
+        assert not (self.draining or d["full"] or d["preferred"] or d["deadline"] or d["delay"]
+                    or d["idle"]), d
 
     def check_reason(self, b: Batch) -> None:
         if self.mode != "cold":
@@ -310,12 +314,14 @@ class Host:
         assert (r is FlushReason.DRAIN) == self.draining
         if r is FlushReason.FULL:
             assert d["full"]
+        elif r is FlushReason.IDLE:
+            assert not d["full"] and d["idle"]
         elif r is FlushReason.PREFERRED:
-            assert not d["full"] and d["preferred"]
+            assert not d["full"] and not d["idle"] and d["preferred"]
         elif r is FlushReason.DEADLINE:
-            assert not d["full"] and not d["preferred"] and d["deadline"]
+            assert not d["full"] and not d["idle"] and not d["preferred"] and d["deadline"]
         elif r is FlushReason.DELAY:
-            assert not d["full"] and not d["preferred"] and not d["deadline"] and d["delay"]
+            assert not (d["full"] or d["idle"] or d["preferred"] or d["deadline"]) and d["delay"]
         if p.max_batch_cost is None:
             fitting = [s for s in p.preferred_batch_sizes if s <= d["items"]]
             target = {

@@ -242,3 +242,17 @@ def test_timer_tick_makes_a_delay_that_outlives_other_events_fire_late():
     assert ticked.latency_ms["p50"] > exact.latency_ms["p50"] + 0.15
     alone = simulate(policy(max_queue_delay_s=0.002), ClosedLoop(1), timer_tick_s=0.001, **kw)
     assert alone.latency_ms["p50"] == pytest.approx(3.0)  # nothing else wakes the host
+
+
+def test_idle_dispatch_spares_a_lone_client_the_delay_but_not_a_loaded_queue():
+    def run(c: int, idle: bool):
+        return simulate(policy(max_queue_delay_s=0.005, idle_dispatch=idle), ClosedLoop(c),
+                        latency_a_s=A, latency_b_s=B, max_inflight=2, duration_s=1.0)
+
+    waits, goes = run(1, False), run(1, True)
+    assert waits.latency_ms["p50"] == pytest.approx(5.0 + 2.05)
+    assert goes.latency_ms["p50"] == pytest.approx(2.05)
+    assert goes.flush_reasons == {"idle": goes.completed}
+    loaded = run(128, True)  # some batch is always in flight: full batches, as without it
+    assert loaded.flush_reasons.get("idle", 0) <= 2
+    assert loaded.throughput_rps == pytest.approx(run(128, False).throughput_rps, rel=0.02)

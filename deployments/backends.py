@@ -1,0 +1,248 @@
+"""Where a model's engine runs, as an ingress replica sees it (`batcher.placement`).
+
+`ActorBackend` (placement `actor`): the engine runs in one batching actor per
+shard, a Serve deployment-scoped actor; the ingress coalesces each tick's
+requests into one Ray call per batch's worth (`Coalescer`), and the actors
+batch across every ingress replica.
+
+`IngressBackend` (placement `ingress`): this ingress replica runs the engine
+itself (`LocalEngine`: a `BatchHost` over its own `ReplicaPool`) and sends each
+batch straight to a model replica: one Ray hop fewer per request, batches formed
+per ingress replica (as `@serve.batch` does), every policy the same. Each ingress
+replica owns its share of the model's replicas (rounded up), and they die with it.
+
+Both give `ModelRoute` the same seam, `submit(items, priority, timeout_s, control)
+-> future` and `outstanding`, so the route does not know where the engine runs.
+A `RaybatchClient` of an ingress-placed model cannot reach the engine directly:
+it sends its bundles through the app's handle (`Ingress.infer_entries`), one
+Serve call per bundle, answered by whichever ingress replica Serve picks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batching.errors import InvalidRequest, RaybatchError, portable
+from batching.metrics import NULL_RECORDER
+from batching.types import Request
+from cluster.config import MetricsConfig, ModelConfig
+from deployments.metrics import BatcherMetrics, CallerMetrics, every
+from deployments.route import ModelRoute
+from deployments.stats import merge_stats
+
+# (caller key, items, priority, timeout_s[, control]) -> (caller key, value, error)
+Outcome = tuple[Any, Any, "BaseException | None"]
+
+
+def batcher_actor_name(model: str, shard: int = 0) -> str:
+    return f"batcher-{model}" if shard == 0 else f"batcher-{model}-{shard}"
+
+
+def replica_share(config: ModelConfig, parts: int) -> ModelConfig:
+    """`config` with its replica bounds divided (rounded up) over `parts` owners, and its
+    queues bounded by default (`ModelConfig.bounded`) for that share."""
+    r = config.replicas
+    share = r.model_copy(update={"min_replicas": -(-r.min_replicas // parts),
+                                 "max_replicas": -(-r.max_replicas // parts)})
+    return config.model_copy(update={"replicas": share}).bounded()
+
+
+class LocalEngine:
+    """The engine in this process: a `BatchHost` over its own `ReplicaPool`, submitted to
+    like a `Coalescer` (one future per request, no Ray call per request)."""
+
+    def __init__(self, config: ModelConfig, metrics: MetricsConfig | None = None) -> None:
+        self.config = config
+        self.metrics_config = metrics
+        self.metrics: BatcherMetrics | None = None
+        self._publisher: asyncio.Future | None = None
+        self._ids = itertools.count()
+        self.host: Any = None
+        self.pool: Any = None
+        self._started: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Start `min_replicas` replicas (once, however many callers ask) and wait for them."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
+        from deployments.hosts import make_host
+        from deployments.pool import ReplicaPool
+
+        if self.metrics_config is not None and self.metrics_config.enabled:
+            self.metrics = BatcherMetrics(self.config)
+        self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c),
+                              recorder=self.metrics or NULL_RECORDER)
+        self.pool = ReplicaPool(self.config, self.host, record_metrics=self.metrics is not None)
+        if self.metrics is not None:
+            metrics = self.metrics  # sampled on the metrics clock, as a batching actor does
+            self._publisher = asyncio.ensure_future(every(
+                self.metrics_config.interval_s,
+                lambda: metrics.publish(self.host.snapshot(), self.pool.snapshot())))
+        await self.pool.start()
+
+    @property
+    def ready(self) -> bool:
+        s = self._started
+        return s is not None and s.done() and not s.cancelled() and s.exception() is None
+
+    @property
+    def outstanding(self) -> int:
+        return 0 if self.host is None else self.host.open_requests
+
+    def submit(self, items: Any, priority: int | None, timeout_s: float | None,
+               control: Any = None) -> asyncio.Future:
+        """The future of one request's outcome; raises its error (QueueFull...) at once."""
+        if control is not None:
+            raise InvalidRequest(f"model {self.config.name!r} runs dynamic batching: "
+                                 "sequence controls do not apply")
+        rid = next(self._ids)
+        fut = self.host.submit(Request(rid, items, False, priority, timeout_s, len(items)))
+        fut.add_done_callback(lambda f: f.cancelled() and self.host.cancel(rid))
+        return fut
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (up to `timeout_s`) until every request this engine accepted has ended."""
+        give_up = time.monotonic() + timeout_s
+        while self.host is not None and self.host.open_requests and time.monotonic() < give_up:
+            await asyncio.sleep(0.05)
+        if self._publisher is not None:
+            self._publisher.cancel()
+
+    async def infer(self, bundle: list[tuple]) -> list[Outcome]:
+        """A bundle of `(key, items, priority, timeout_s[, control])`: every outcome, as a
+        batching actor answers it (what `RaybatchClient` sends through the handle)."""
+        await self.start()
+        keys: dict[asyncio.Future, Any] = {}
+        out: list[Outcome] = []
+        for key, items, priority, timeout_s, *rest in bundle:
+            try:
+                keys[self.submit(items, priority, timeout_s, rest[0] if rest else None)] = key
+            except RaybatchError as e:
+                out.append((key, None, e))
+        if keys:
+            await asyncio.wait(keys)
+        for fut, key in keys.items():
+            error = fut.exception()
+            if error is None:
+                out.append((key, fut.result(), None))
+            else:
+                out.append((key, None, error if isinstance(error, RaybatchError)
+                            else portable(error)))
+        return out
+
+    async def stats(self) -> dict[str, Any]:
+        await self.start()
+        return {**self.host.stats(), "kind": "dynamic", "placement": "ingress",
+                "replica_info": await self.pool.info()}
+
+
+class ActorBackend:
+    """Placement `actor`: the model's batching actors (one per shard)."""
+
+    placement = "actor"
+
+    def __init__(self, config: ModelConfig, default_timeout_s: float | None,
+                 get_actor: Callable[[str], Any], metrics: CallerMetrics | None = None) -> None:
+        self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
+        self._get = get_actor
+        self.route = ModelRoute(config, [self._getter(n) for n in self.names],
+                                default_timeout_s, metrics)
+        self._ready: asyncio.Future | None = None
+
+    def _getter(self, name: str) -> Callable[[], Any]:
+        return lambda: self._get(name)
+
+    def actors(self) -> list[Any]:
+        return [self._get(name) for name in self.names]
+
+    async def start(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:  # the deployment-scoped actor may not be registered yet
+            try:
+                actors = self.actors()
+                break
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        await asyncio.gather(*(a.ready.remote() for a in actors))
+        self._ready = asyncio.get_running_loop().create_future()
+        self._ready.set_result(True)
+
+    async def is_ready(self) -> bool:
+        if self._ready is None:
+            self._ready = asyncio.ensure_future(
+                asyncio.gather(*(a.ready.remote() for a in self.actors())))
+        if not self._ready.done():
+            await asyncio.wait([self._ready], timeout=0.2)
+        if self._ready.done() and self._ready.exception() is not None:
+            self._ready = None
+            return False
+        return self._ready is not None and self._ready.done()
+
+    async def stats(self) -> dict[str, Any]:
+        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in self.actors())))
+
+    def client_actors(self) -> list[Any] | None:
+        """What `RaybatchClient` sends to: the batching actors' handles."""
+        return self.actors()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Nothing here: the batching actors drain themselves (`deployments.drain`)."""
+
+    async def infer_entries(self, bundle: list[tuple]) -> list[Outcome]:
+        raise InvalidRequest(f"model {self.route.config.name!r} runs its engine in batching "
+                             "actors: send bundles to them (RaybatchClient does)")
+
+
+class IngressBackend:
+    """Placement `ingress`: the engine runs here, in this ingress replica."""
+
+    placement = "ingress"
+
+    def __init__(self, config: ModelConfig, default_timeout_s: float | None,
+                 ingress_replicas: int, caller_metrics: CallerMetrics | None = None,
+                 metrics: MetricsConfig | None = None) -> None:
+        self.engine = LocalEngine(replica_share(config, ingress_replicas), metrics)
+        self.route = ModelRoute(config, [], default_timeout_s, caller_metrics,
+                                shards=[self.engine])
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def is_ready(self) -> bool:
+        return self.engine.ready
+
+    async def stats(self) -> dict[str, Any]:
+        return await self.engine.stats()
+
+    def client_actors(self) -> list[Any] | None:
+        """None: the client sends its bundles through the app's handle."""
+        return None
+
+    async def drain(self, timeout_s: float) -> None:
+        await self.engine.drain(timeout_s)
+
+    async def infer_entries(self, bundle: list[tuple]) -> list[Outcome]:
+        return await self.engine.infer(bundle)
+
+
+Backend = ActorBackend | IngressBackend
+
+
+def make_backend(config: ModelConfig, default_timeout_s: float | None, ingress_replicas: int,
+                 get_actor: Callable[[str], Any], caller_metrics: CallerMetrics | None = None,
+                 metrics: MetricsConfig | None = None) -> Backend:
+    """`caller_metrics`: counts of what the route refuses itself; `metrics`: the config's
+    metrics block, for an engine that runs here (it records what a batching actor would)."""
+    if config.batcher.placement == "ingress":
+        return IngressBackend(config, default_timeout_s, ingress_replicas, caller_metrics,
+                              metrics)
+    return ActorBackend(config, default_timeout_s, get_actor, caller_metrics)
