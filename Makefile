@@ -4,14 +4,15 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup serve test lint bench clean notebooks notebooks-clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -22,8 +23,24 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The notebooks run in a pytest of their own, after the suite's: the suite's Ray and Serve
+# are gone by then, and each notebook that needs Ray starts (and stops) its own.
+# Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: lint
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --nbmake notebooks
+
+# JupyterLab on the notebooks (installs the `jupyter` extra on first use).
+$(JUPYTER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[jupyter]"
+	touch $(JUPYTER_STAMP)
+
+notebooks: $(JUPYTER_STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+# Outputs stay out of git (a unit test fails on a committed output): strip before committing.
+notebooks-clean: $(JUPYTER_STAMP)
+	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed
