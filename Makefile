@@ -40,7 +40,10 @@ notebooks: $(JUPYTER_STAMP)
 
 # Outputs stay out of git (a unit test fails on a committed output): strip before committing.
 notebooks-clean: $(JUPYTER_STAMP)
-	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb
+	$(BIN)/jupyter nbconvert --clear-output --inplace --ClearMetadataPreprocessor.enabled=True \
+	    --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags \
+	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \
+	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=language_info notebooks/*.ipynb
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed
