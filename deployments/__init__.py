@@ -14,6 +14,8 @@ The runtime, in the order a request meets it
     replica.py        ModelReplica: one model, one batch at a time, pinned to its cores
     stateful_replica.py  SequenceReplica / StepReplica: per-sequence state on the replica
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
+    local.py          LocalApp: a local Ray of its own with one app, always torn down
+                      (notebooks, scripts)
 
 Subpackages
     protocol/         the Open Inference Protocol codec (no HTTP, no Ray)
