@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup serve test lint bench clean notebooks notebooks-clean
+.PHONY: setup serve test lint bench clean k8s notebooks notebooks-clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ notebooks-clean: $(JUPYTER_STAMP)
 	    --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags \
 	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \
 	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=language_info notebooks/*.ipynb
+
+# The manifests checked in under k8s/, rendered from the configs they name (a test fails
+# when they drift from what the renderer makes of those configs now).
+k8s: $(STAMP)
+	$(BIN)/raybatch render k8s --config deployments/configs/demo.yaml -o k8s/demo
+	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed

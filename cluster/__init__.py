@@ -6,6 +6,7 @@
     pinning.py    a replica pins itself (node-local core allocator, sched_setaffinity)
     raynode.py    numa<N> resources and labels of a Ray node; `ray start` arguments
     render.py     what Ray deploys, derived from the config: the Serve config file
+    k8s/          Kubernetes manifests (KubeRay RayService, PodMonitors) from the config
     cli/          the `raybatch` command line, on top of everything (it may import
                   `deployments`; nothing else in `cluster` does)
 

@@ -37,6 +37,7 @@ from pydantic import (
 from batching.dynamic.policy import DynamicPolicy
 from batching.iterative.policy import IterativePolicy
 from batching.sequence.policy import SequencePolicy
+from cluster.k8s.settings import KubernetesConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -214,6 +215,8 @@ class RaybatchConfig(BaseModel):
     app_name: str = "raybatch"
     models: tuple[ModelConfig, ...]
     ingress: IngressConfig = IngressConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    """Pods, images and autoscaling of `raybatch render k8s` (`cluster.k8s.settings`)."""
 
     @model_validator(mode="after")
     def _unique(self) -> RaybatchConfig:

@@ -25,7 +25,10 @@ and one inter-op thread (settable once per process, before any parallel work).
 
 Environment (read here, so tests and the multi-node test can describe a machine):
 `RAYBATCH_SYSFS_ROOT` (a tree laid out like /sys), `RAYBATCH_CORES_FILE` (the
-allocator's file), `RAYBATCH_NUMA_NODE` (set by the pool with the resource).
+allocator's file), `RAYBATCH_NUMA_NODE` (set by the pool with the resource),
+`RAYBATCH_NUMA_LOGICAL=1` (set on Kubernetes pods: `numa<N>` then names the N-th
+NUMA node this process may use, not the host's node N, since a pod's resources are
+written before the kubelet picks its cores).
 
     placement = pin_replica(config.replicas, ray.get_gpu_ids())
     placement.cpus      # (2, 18): pinned to core 2 and its sibling
@@ -52,6 +55,7 @@ log = logging.getLogger(__name__)
 SYSFS_ROOT_ENV = "RAYBATCH_SYSFS_ROOT"
 CORES_FILE_ENV = "RAYBATCH_CORES_FILE"
 NUMA_NODE_ENV = "RAYBATCH_NUMA_NODE"
+NUMA_LOGICAL_ENV = "RAYBATCH_NUMA_LOGICAL"
 PIN_MODES = ("auto", "required", "off")
 
 
@@ -331,6 +335,8 @@ def pin_replica(replicas: Any, gpu_ids: Sequence[Any] = (), *,
     try:
         root = sysfs_root(env)
         topology = discover(root, allowed_cpus=None if root else _allowed_cpus())
+        if numa_node is not None and env.get(NUMA_LOGICAL_ENV) == "1":
+            numa_node = logical_numa_node(topology, numa_node)
         pin = allocator.allocate(topology, cores, numa_node=numa_node, gpu=gpu, owner=owner)
         try:
             (set_affinity or os.sched_setaffinity)(0, set(pin.cpus))
@@ -345,6 +351,17 @@ def pin_replica(replicas: Any, gpu_ids: Sequence[Any] = (), *,
         return ReplicaPlacement(False, numa_node=numa_node, gpu=gpu, note=f"unpinned: {e}")
     (set_threads or apply_threads)(cores)
     return ReplicaPlacement(True, pin.cpus, pin.numa_node, gpu, cores, pin.note)
+
+
+def logical_numa_node(topology: Topology, index: int) -> int:
+    """The id of the `index`-th NUMA node this process may use (see the module note)."""
+    ids = [node.id for node in topology.nodes]
+    if not 0 <= index < len(ids):
+        raise PlacementError(
+            f"numa{index} (${NUMA_LOGICAL_ENV}=1) names usable NUMA node #{index}, but this "
+            f"process may use {len(ids)} ({', '.join(map(str, ids))}): the pod advertises more "
+            f"NUMA nodes than the kubelet gave it; lower kubernetes numa_nodes")
+    return ids[index]
 
 
 def _why_not(mode: str, cores: int, numa_node: int | None, gpu: int | None) -> str:

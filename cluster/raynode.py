@@ -10,6 +10,8 @@ so Ray never places more pinned replicas on a NUMA node than it has cores, and
 
 Which N: the one with the most free slots (room for a replica of k cores, summed
 over the nodes that advertise it), ties to the primary node, then the lowest N.
+Nodes an autoscaler can still add count as nodes with nothing free (a node's
+`raybatch.io/autoscale-numa<N>` labels say so; see `autoscale_labels`).
 `NumaChooser` remembers the replicas it sent that Ray does not count yet (created
 back to back, they all see the same free resources) until Ray's free count drops
 by them or `claim_ttl_s` passes. A cluster that advertises no `numa<N>` (started
@@ -33,7 +35,9 @@ from cluster.pinning import NUMA_NODE_ENV, pinned_cores
 from cluster.topology import Topology
 
 LABEL_PREFIX = "raybatch.io/"
+AUTOSCALE_PREFIX = f"{LABEL_PREFIX}autoscale-"
 _NUMA = re.compile(r"^numa(\d+)$")
+_AUTOSCALE = re.compile(rf"^{re.escape(AUTOSCALE_PREFIX)}numa(\d+)$")
 
 
 def numa_resource(node: int) -> str:
@@ -167,7 +171,8 @@ def numa_request(replicas: Any, chooser: NumaChooser,
 
 
 def numa_view() -> list[NodeNuma]:
-    """The live Ray nodes that advertise `numa<N>` resources (needs `ray.init`)."""
+    """The live Ray nodes that advertise `numa<N>` resources (needs `ray.init`), and the
+    nodes an autoscaler may add (see `autoscale_labels`)."""
     import ray
 
     try:  # per-node availability has no public API in Ray 2.60
@@ -176,12 +181,45 @@ def numa_view() -> list[NodeNuma]:
         available = available_resources_per_node()
     except (ImportError, AttributeError):
         available = None
-    nodes = []
-    for node in ray.nodes():
+    return numa_nodes(ray.nodes(), available)
+
+
+def numa_nodes(nodes: Sequence[Mapping[str, Any]],
+               available: Mapping[str, Mapping[str, float]] | None) -> list[NodeNuma]:
+    """`numa_view` from `ray.nodes()` and the free resources per node id (None: unknown)."""
+    out = []
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        labels = node.get("Labels") or {}
+        launchable = autoscaled_numa(labels)
+        if launchable:  # a node the autoscaler can add: nothing free yet, room once added
+            out.append(NodeNuma({}, launchable))
         total = numa_amounts(node.get("Resources", {}))
-        if not node.get("Alive") or not total:
+        if not total:
             continue
         free = total if available is None else numa_amounts(available.get(node["NodeID"], {}))
-        primary = node.get("Labels", {}).get(f"{LABEL_PREFIX}primary-numa")
-        nodes.append(NodeNuma(free, total, int(primary) if primary else None))
-    return nodes
+        primary = labels.get(f"{LABEL_PREFIX}primary-numa")
+        out.append(NodeNuma(free, total, int(primary) if primary else None))
+    return out
+
+
+def autoscale_labels(resources: Mapping[str, float]) -> dict[str, str]:
+    """Labels saying that an autoscaler can add nodes advertising `resources` (numa<N>).
+
+    On Kubernetes the head carries them (`raybatch render k8s`): replicas created before
+    any worker pod is up (every fresh deploy, every upgrade) then still ask for numa<N>,
+    stay pending until a pod arrives, and pin there, instead of asking for CPUs alone and
+    running unpinned for good.
+    """
+    return {f"{AUTOSCALE_PREFIX}{k}": str(_number(v)) for k, v in sorted(resources.items())}
+
+
+def autoscaled_numa(labels: Mapping[str, str]) -> dict[int, float]:
+    """`{N: cores}` of the `autoscale_labels` among a node's labels."""
+    out = {}
+    for key, value in labels.items():
+        m = _AUTOSCALE.match(key)
+        if m:
+            out[int(m.group(1))] = float(value)
+    return out

@@ -184,7 +184,9 @@ class ReplicaPool:
                 self._idle_since = now
 
     def _remove_one(self) -> None:
-        victim = min(self.host.replicas, key=self.host.outstanding)
+        # The least busy; among equals the newest: it is the one an autoscaler added a
+        # node for, so that node can go idle and be removed (the oldest stay where they were).
+        victim = min(self.host.replicas, key=lambda c: (self.host.outstanding(c), -c.index))
         self.host.remove_replica(victim)
         assert isinstance(victim, RayReplicaClient)
         ray.kill(victim.actor, no_restart=True)

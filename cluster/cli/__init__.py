@@ -4,6 +4,7 @@
     serving.py    up, join, status: bring the app up on Ray, add nodes, look at it
     demo.py       the embedded batcher alone under load, no Ray
     topology.py   NUMA nodes, cores, GPUs and the affinity plan of this machine
+    render.py     render k8s: the KubeRay manifests of a config (`cluster.k8s`)
 """
 
 from cluster.cli.main import build_parser, main

@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("-o", "--output", help="write here instead of stdout")
     build.set_defaults(func=_build)
 
+    render = sub.add_parser("render", help="render deployment files from the config: "
+                                           "`render k8s` (KubeRay RayService, PodMonitors)")
+    from cluster.cli import render as render_cli
+
+    render_cli.add_arguments(render)
+
     demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
     demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
     demo.add_argument("--concurrency", type=int, default=64, help="concurrent clients")

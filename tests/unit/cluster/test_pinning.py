@@ -15,6 +15,7 @@ from cluster.affinity import PlacementError
 from cluster.config import ReplicaConfig
 from cluster.pinning import (
     CORES_FILE_ENV,
+    NUMA_LOGICAL_ENV,
     NUMA_NODE_ENV,
     SYSFS_ROOT_ENV,
     CoreAllocator,
@@ -196,6 +197,21 @@ def test_pin_replica_pins_to_its_numa_node_and_sets_threads(two_socket, allocato
     assert applied.threads == [2] and placement.threads == 2  # physical cores, not CPUs
     assert placement.to_dict()["pinned_cpus"] == [8, 9, 24, 25]
     assert allocator.pins()[os.getpid()].cpus == (8, 9, 24, 25)
+
+
+def test_a_pod_counts_its_numa_nodes_from_0_whichever_host_node_it_got(two_socket, allocator):
+    """Kubernetes: the pod advertises numa0, the kubelet gave it cores of host node 1."""
+    two_socket.cpuset("10-13,26-29")  # 4 cores of node 1 only
+    env = {SYSFS_ROOT_ENV: str(two_socket.root), NUMA_NODE_ENV: "0", NUMA_LOGICAL_ENV: "1"}
+    placement, applied = pin(ReplicaConfig(num_cpus=2, pin="required"), env, allocator)
+    assert placement.pinned and placement.numa_node == 1  # the host's node, as reported
+    assert applied.affinity == [{10, 11, 26, 27}]
+    without, _ = pin(ReplicaConfig(num_cpus=2), {**env, NUMA_LOGICAL_ENV: ""}, allocator)
+    assert not without.pinned and "NUMA node 0 (from $RAYBATCH_NUMA_NODE) is not on this " \
+        "machine" in without.note
+    with pytest.raises(PlacementError, match=r"numa1 \(\$RAYBATCH_NUMA_LOGICAL=1\) names usable "
+                                             r"NUMA node #1, but this process may use 1 \(1\)"):
+        pin(ReplicaConfig(num_cpus=2, pin="required"), {**env, NUMA_NODE_ENV: "1"}, allocator)
 
 
 def test_auto_leaves_replicas_unpinned_where_raybatch_did_not_place_them(two_socket, allocator):

@@ -15,9 +15,11 @@ from cluster.pinning import NUMA_NODE_ENV, SYSFS_ROOT_ENV
 from cluster.raynode import (
     NodeNuma,
     NumaChooser,
+    autoscale_labels,
     node_labels,
     node_resources,
     numa_amounts,
+    numa_nodes,
     numa_request,
     ray_start_argv,
 )
@@ -142,3 +144,30 @@ def test_what_a_replica_asks_for():
     assert own == ({}, {NUMA_NODE_ENV: "3"})  # the config's own resource stands
     assert len(asked) == 1  # Ray is asked only for a replica that needs a NUMA node
     assert numa_request(ReplicaConfig(num_cpus=1), NumaChooser(), lambda: [], 0) == ({}, {})
+
+
+def ray_node(node_id: str, resources: dict, labels: dict | None = None, alive: bool = True):
+    """One entry of `ray.nodes()`, as much of it as `numa_nodes` reads."""
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources, "Labels": labels or {}}
+
+
+def test_the_view_has_live_numa_nodes_and_the_nodes_an_autoscaler_can_add():
+    head = ray_node("h", {"CPU": 0}, autoscale_labels({"numa0": 4}))  # a Kubernetes head
+    worker = ray_node("w", {"CPU": 4, "numa0": 4}, {"raybatch.io/primary-numa": "0"})
+    gone = ray_node("g", {"numa1": 4}, alive=False)
+    assert autoscale_labels({"numa0": 4.0, "numa1": 2}) == {
+        "raybatch.io/autoscale-numa0": "4", "raybatch.io/autoscale-numa1": "2"}
+    view = numa_nodes([head, worker, gone], {"w": {"numa0": 1.0}})
+    assert view == [NodeNuma({}, {0: 4.0}), NodeNuma({0: 1.0}, {0: 4.0}, 0)]
+    assert numa_nodes([ray_node("x", {"CPU": 8})], None) == []  # plain `ray start`: none
+
+
+def test_before_any_worker_is_up_a_replica_still_asks_for_the_autoscalers_numa_node():
+    # A fresh RayService: only the head (num-cpus 0) is up; its labels say worker pods
+    # advertise numa0: 4. The replica asks numa0 (it pends; a pod comes; it pins there).
+    head = ray_node("h", {"CPU": 0}, autoscale_labels({"numa0": 4}))
+    view = lambda: numa_nodes([head], {"h": {}})  # noqa: E731
+    assert numa_request(ReplicaConfig(num_cpus=2), NumaChooser(), view, 0) == (
+        {"numa0": 2.0}, {NUMA_NODE_ENV: "0"})
+    too_big = numa_request(ReplicaConfig(num_cpus=8), NumaChooser(), view, 0)
+    assert too_big == ({"numa0": 8.0}, {NUMA_NODE_ENV: "0"})  # fits nowhere: pool warns

@@ -1,0 +1,198 @@
+"""How many pods of each worker group the models need: the autoscaler's min and max.
+
+Each actor the app starts asks Ray for something: the ingress replicas and the
+batching actors for CPUs, each model replica for CPUs, GPUs and (pinned, whole
+cores) `numa<N>` cores, as `deployments/pool.py` asks through `cluster.raynode`.
+A model goes to the first worker group one of its replicas fits in (the GPU group
+for a model with GPUs); the ingress and the batching actors to the first CPU group.
+A group's `minReplicas` is the pods that hold every model at `min_replicas` (the
+pool starts at least one), its `maxReplicas` the pods that hold every model at
+`max_replicas`, both packed first-fit-decreasing the way Ray fills nodes (CPUs,
+GPUs, and each replica's cores on one NUMA node of the pod). The autoscaler
+moves between the two; nothing can ask for more.
+
+A replica that fits no group is an error naming the model, the value and the fix:
+the manifests would otherwise deploy a replica that stays pending forever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cluster.config import ConfigError, ModelConfig, RaybatchConfig
+from cluster.k8s.settings import CpuWorkers, GpuWorkers, KubernetesConfig
+from cluster.pinning import pinned_cores
+from cluster.raynode import numa_amounts
+
+
+class RenderError(ConfigError):
+    """The config cannot be deployed on the pods described: the message says how to fix it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one actor asks of a pod."""
+
+    cpus: float
+    cores: int = 0
+    """Physical cores of one NUMA node (its `numa<N>` resource); 0: not pinned."""
+    gpus: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """`count_min`..`count_max` actors of one kind, each asking `ask`."""
+
+    what: str
+    ask: Ask
+    count_min: int
+    count_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """One worker group: its settings, kind, what goes there, and its pod bounds."""
+
+    workers: CpuWorkers | GpuWorkers
+    gpu: bool
+    demands: tuple[Demand, ...]
+    min_pods: int
+    max_pods: int
+
+
+def replica_ask(model: ModelConfig) -> Ask:
+    """What one replica of `model` asks Ray for (see `cluster.raynode.numa_request`)."""
+    r = model.replicas
+    named = numa_amounts(r.resources)
+    if named:
+        cores = math.ceil(max(named.values()))
+    elif r.pin == "off" or r.num_gpus:
+        cores = 0
+    else:
+        cores = pinned_cores(r.num_cpus)
+    return Ask(cpus=r.num_cpus, cores=cores, gpus=r.num_gpus)
+
+
+def _model_demands(model: ModelConfig) -> list[Demand]:
+    r = model.replicas
+    out = [Demand(f"model {model.name!r} replica", replica_ask(model),
+                  max(1, r.min_replicas), r.max_replicas)]
+    if model.batcher.num_cpus:
+        out.append(Demand(f"model {model.name!r} batching actor",
+                          Ask(cpus=model.batcher.num_cpus), model.batcher.shards,
+                          model.batcher.shards))
+    return out
+
+
+def fits(ask: Ask, workers: CpuWorkers | GpuWorkers) -> bool:
+    gpus = getattr(workers, "gpus", 0)
+    return (ask.cpus <= workers.cpus and ask.gpus <= gpus
+            and ask.cores <= workers.cores_per_numa_node)
+
+
+def pods_needed(asks: Iterable[Ask], workers: CpuWorkers | GpuWorkers) -> int:
+    """Pods of `workers` that hold every ask, packed first-fit decreasing (each fits one)."""
+    pods: list[list[float]] = []  # per pod: free cpus, free gpus, free cores per NUMA node
+    for ask in sorted(asks, key=lambda a: (a.gpus, a.cores, a.cpus), reverse=True):
+        for pod in pods:
+            if _place(pod, ask):
+                break
+        else:
+            pod = [float(workers.cpus), float(getattr(workers, "gpus", 0)),
+                   *[float(workers.cores_per_numa_node)] * workers.numa_nodes]
+            _place(pod, ask)
+            pods.append(pod)
+    return len(pods)
+
+
+def _place(pod: list[float], ask: Ask) -> bool:
+    """Take `ask` from `pod` if it fits: CPUs, GPUs, and its cores from one NUMA node."""
+    if ask.cpus > pod[0] + 1e-9 or ask.gpus > pod[1] + 1e-9:
+        return False
+    node = 2  # the first NUMA node's slot; only read when the ask has cores
+    if ask.cores:
+        node = next((i for i in range(2, len(pod)) if pod[i] >= ask.cores), -1)
+        if node < 0:
+            return False
+        pod[node] -= ask.cores
+    pod[0] -= ask.cpus
+    pod[1] -= ask.gpus
+    return True
+
+
+def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan]:
+    """The worker groups to render, CPU groups first, each with its pod bounds."""
+    cpu: dict[str, list[Demand]] = {g.name: [] for g in k8s.cpu_workers}
+    gpu: list[Demand] = []
+    first = k8s.cpu_workers[0]
+    ingress = config.ingress
+    if ingress.num_cpus:
+        demand = Demand("the ingress", Ask(cpus=ingress.num_cpus), ingress.num_replicas,
+                        ingress.num_replicas)
+        if not fits(demand.ask, first):
+            raise RenderError(_too_big(demand, [first], "ingress.num_cpus"))
+        cpu[first.name].append(demand)
+    for model in config.models:
+        _check_resources(model)
+        replica, *batcher = _model_demands(model)
+        if batcher and not fits(batcher[0].ask, first):
+            raise RenderError(_too_big(batcher[0], [first], "batcher.num_cpus"))
+        cpu[first.name].extend(batcher)
+        if replica.ask.gpus:
+            gpu.append(_check_gpu(model, replica, k8s.gpu_workers))
+            continue
+        group = next((g for g in k8s.cpu_workers if fits(replica.ask, g)), None)
+        if group is None:
+            raise RenderError(_too_big(replica, k8s.cpu_workers, "replicas.num_cpus"))
+        cpu[group.name].append(replica)
+    plans = [_plan(g, False, cpu[g.name]) for g in k8s.cpu_workers if cpu[g.name]]
+    if gpu and k8s.gpu_workers is not None:
+        plans.append(_plan(k8s.gpu_workers, True, gpu))
+    return plans
+
+
+def _plan(workers: CpuWorkers | GpuWorkers, gpu: bool, demands: Sequence[Demand]) -> GroupPlan:
+    def asks(which: str) -> list[Ask]:
+        return [d.ask for d in demands for _ in range(getattr(d, which))]
+
+    return GroupPlan(workers, gpu, tuple(demands), pods_needed(asks("count_min"), workers),
+                     pods_needed(asks("count_max"), workers))
+
+
+def _check_resources(model: ModelConfig) -> None:
+    other = sorted(k for k in model.replicas.resources if k not in
+                   {f"numa{n}" for n in numa_amounts(model.replicas.resources)})
+    if other:
+        raise RenderError(f"model {model.name!r}: replicas.resources names {other}, which no "
+                          f"rendered worker group advertises (they advertise numa<N> only): "
+                          f"remove it, or such replicas stay pending forever")
+
+
+def _check_gpu(model: ModelConfig, replica: Demand, gpus: GpuWorkers | None) -> Demand:
+    r = model.replicas
+    if gpus is None:
+        raise RenderError(f"model {model.name!r} asks replicas.num_gpus={r.num_gpus:g} but "
+                          f"kubernetes.gpu_workers is null: describe the GPU pods there, or "
+                          f"set num_gpus to 0")
+    if replica.ask.cores:
+        raise RenderError(f"model {model.name!r} asks for GPUs and numa<N> cores "
+                          f"(replicas.resources={dict(r.resources)}), but GPU pods advertise "
+                          f"no numa<N> (GPU replicas pin to their GPU's cores): drop the numa "
+                          f"resources")
+    if not fits(replica.ask, gpus):
+        raise RenderError(_too_big(replica, [gpus], "replicas"))
+    return replica
+
+
+def _too_big(demand: Demand, groups: Sequence[CpuWorkers | GpuWorkers], field: str) -> str:
+    ask = demand.ask
+    wanted = [f"{ask.cpus:g} CPUs"] + ([f"{ask.gpus:g} GPUs"] if ask.gpus else []) + (
+        [f"{ask.cores} cores of one NUMA node"] if ask.cores else [])
+    have = "; ".join(
+        f"{g.name}: {g.cpus} CPUs"
+        + (f", {g.gpus} GPUs" if isinstance(g, GpuWorkers) else "")
+        + f", {g.cores_per_numa_node} cores per NUMA node" for g in groups)
+    return (f"{demand.what} asks {', '.join(wanted)} ({field}), more than any worker pod has "
+            f"({have}): lower {field}, or make the pods bigger under kubernetes.")

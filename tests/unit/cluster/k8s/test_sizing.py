@@ -1,0 +1,115 @@
+"""Worker groups: where each model goes, min and max pods, and configs that cannot deploy."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.k8s.settings import CpuWorkers, GpuWorkers, KubernetesConfig
+from cluster.k8s.sizing import Ask, RenderError, plan_groups, pods_needed, replica_ask
+from tests.unit.cluster.k8s.conftest import make_config, model
+
+
+def bounds(config) -> dict[str, tuple[int, int]]:
+    return {p.workers.name: (p.min_pods, p.max_pods)
+            for p in plan_groups(config, config.kubernetes)}
+
+
+def test_min_and_max_pods_hold_every_model_at_its_min_and_max_replicas():
+    config = make_config(model(min_replicas=2, max_replicas=9, num_cpus=1),
+                         ingress={"num_cpus": 0.5})
+    # 4 CPUs a pod: min 2 replicas + the ingress in one pod; max 9 + 0.5 CPUs in three
+    assert bounds(config) == {"cpu": (1, 3)}
+
+
+def test_the_pool_starts_a_replica_even_at_min_replicas_0():
+    config = make_config(model(min_replicas=0, max_replicas=1, num_cpus=1),
+                         ingress={"num_cpus": 0})
+    assert bounds(config) == {"cpu": (1, 1)}
+
+
+def test_a_pinned_replicas_cores_come_from_one_numa_node_of_the_pod():
+    two_nodes = {"cpu_workers": [{"cpus": 8, "numa_nodes": 2}]}  # 4 cores on each node
+    config = make_config(model(min_replicas=1, max_replicas=4, num_cpus=3),
+                         ingress={"num_cpus": 0}, kubernetes=two_nodes)
+    # 8 CPUs hold two replicas of 3 cores: one per NUMA node, not a third across both
+    assert bounds(config) == {"cpu": (1, 2)}
+    unpinned = make_config(model(min_replicas=1, max_replicas=4, num_cpus=3, pin="off"),
+                           ingress={"num_cpus": 0}, kubernetes=two_nodes)
+    assert bounds(unpinned) == {"cpu": (1, 2)}  # 8 // 3 = 2 by CPUs alone too
+    with pytest.raises(RenderError, match=r"asks 5 CPUs, 5 cores of one NUMA node \(replicas"
+                                          r"\.num_cpus\), more than any worker pod has \(cpu: "
+                                          r"8 CPUs, 4 cores per NUMA node\)"):
+        plan_groups(c := make_config(model(num_cpus=5), kubernetes=two_nodes), c.kubernetes)
+
+
+def test_smt_pods_count_physical_cores():
+    smt = CpuWorkers(cpus=8, threads_per_core=2)
+    assert smt.cores_per_numa_node == 4
+    assert pods_needed([Ask(cpus=1, cores=1)] * 5, smt) == 2  # 4 cores a pod, CPUs to spare
+    assert pods_needed([Ask(cpus=0.25)] * 32, smt) == 1
+    with pytest.raises(ValueError, match=r"cpus=6 is not whole cores on 4 NUMA node\(s\) of 2 "
+                                         r"thread\(s\) per core: make it a multiple of 8"):
+        CpuWorkers(cpus=6, threads_per_core=2, numa_nodes=4)
+
+
+def test_each_model_goes_to_the_first_group_it_fits_and_gpu_models_to_the_gpu_group():
+    k8s = {"cpu_workers": [{"name": "small", "cpus": 2}, {"name": "big", "cpus": 16}]}
+    config = make_config(model("a", num_cpus=1, max_replicas=3),
+                         model("b", num_cpus=8, max_replicas=2),
+                         model("c", num_cpus=2, num_gpus=1, max_replicas=3),
+                         ingress={"num_cpus": 1, "num_replicas": 2}, kubernetes=k8s)
+    plans = {p.workers.name: p for p in plan_groups(config, config.kubernetes)}
+    assert {n: [d.what for d in p.demands] for n, p in plans.items()} == {
+        "small": ["the ingress", "model 'a' replica"], "big": ["model 'b' replica"],
+        "gpu": ["model 'c' replica"]}
+    assert bounds(config) == {"small": (2, 3), "big": (1, 1), "gpu": (1, 3)}
+    assert plans["gpu"].gpu and not plans["big"].gpu
+
+
+def test_what_a_replica_asks_for_follows_the_pool():
+    assert replica_ask(make_config(model(num_cpus=2.5)).models[0]) == Ask(2.5, 2, 0)
+    assert replica_ask(make_config(model(num_cpus=0.5)).models[0]) == Ask(0.5, 0, 0)
+    assert replica_ask(make_config(model(num_cpus=2, num_gpus=1)).models[0]) == Ask(2, 0, 1)
+    named = make_config(model(num_cpus=1, resources={"numa1": 2})).models[0]
+    assert replica_ask(named) == Ask(1, 2, 0)
+
+
+@pytest.mark.parametrize(("models", "kubernetes", "message"), [
+    ([model(num_cpus=16)], {},
+     r"model 'square' replica asks 16 CPUs, 16 cores of one NUMA node \(replicas\.num_cpus\), "
+     r"more than any worker pod has \(cpu: 4 CPUs, 4 cores per NUMA node\): lower "
+     r"replicas\.num_cpus, or make the pods bigger under kubernetes\."),
+    ([model(num_cpus=1, num_gpus=1)], {"gpu_workers": None},
+     r"model 'square' asks replicas\.num_gpus=1 but kubernetes\.gpu_workers is null: describe "
+     r"the GPU pods there, or set num_gpus to 0"),
+    ([model(num_cpus=1, num_gpus=2)], {},
+     r"asks 1 CPUs, 2 GPUs \(replicas\), more than any worker pod has \(gpu: 8 CPUs, 1 GPUs"),
+    ([model(num_cpus=1, resources={"fpga": 1})], {},
+     r"replicas\.resources names \['fpga'\], which no rendered worker group advertises"),
+    ([{**model(), "batcher": {"num_cpus": 6}}], {},
+     r"model 'square' batching actor asks 6 CPUs \(batcher\.num_cpus\)"),
+    ([model(num_cpus=1, num_gpus=1, resources={"numa0": 1})], {},
+     r"model 'square' asks for GPUs and numa<N> cores .* GPU pods advertise no numa<N>"),
+])
+def test_a_config_that_cannot_deploy_is_a_clear_error(models, kubernetes, message):
+    config = make_config(*models, kubernetes=kubernetes)
+    with pytest.raises(RenderError, match=message):
+        plan_groups(config, config.kubernetes)
+
+
+def test_the_ingress_must_fit_the_first_cpu_group():
+    config = make_config(model(num_cpus=1), ingress={"num_cpus": 3},
+                         kubernetes={"cpu_workers": [{"cpus": 2}, {"name": "big", "cpus": 8}]})
+    with pytest.raises(RenderError, match=r"the ingress asks 3 CPUs \(ingress\.num_cpus\), more "
+                                          r"than any worker pod has \(cpu: 2 CPUs"):
+        plan_groups(config, config.kubernetes)
+
+
+def test_settings_name_the_value_and_the_fix():
+    with pytest.raises(ValueError, match=r"name='My_Group' is not a valid Kubernetes name.*"
+                                         r"\(e\.g\. 'my-group'\)"):
+        CpuWorkers(name="My_Group")
+    with pytest.raises(ValueError, match=r"memory='8GB' is not a Kubernetes quantity"):
+        GpuWorkers(memory="8GB")
+    with pytest.raises(ValueError, match=r"worker group names \['cpu', 'cpu'\] repeat"):
+        KubernetesConfig(cpu_workers=[{}], gpu_workers={"name": "cpu"})
