@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup sysdeps serve test lint bench clean k8s
+.PHONY: setup sysdeps serve test lint bench clean k8s notebooks notebooks-clean
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
 # Grafana dashboard's queries in tests/integration/test_prometheus.py. Installed when
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks]"
 	touch $(STAMP)
 
 setup: $(STAMP) sysdeps
@@ -40,8 +41,27 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The notebooks run in a pytest of their own, after the suite's: the suite's Ray and Serve
+# are gone by then, and each notebook that needs Ray starts (and stops) its own.
+# Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: sysdeps lint
 	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --nbmake notebooks
+
+# JupyterLab on the notebooks (installs the `jupyter` extra on first use).
+$(JUPYTER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[jupyter]"
+	touch $(JUPYTER_STAMP)
+
+notebooks: $(JUPYTER_STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+# Outputs stay out of git (a unit test fails on a committed output): strip before committing.
+notebooks-clean: $(JUPYTER_STAMP)
+	$(BIN)/jupyter nbconvert --clear-output --inplace --ClearMetadataPreprocessor.enabled=True \
+	    --ClearMetadataPreprocessor.preserve_cell_metadata_mask=tags \
+	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=kernelspec \
+	    --ClearMetadataPreprocessor.preserve_nb_metadata_mask=language_info notebooks/*.ipynb
 
 # The manifests checked in under k8s/, rendered from the configs they name (a test fails
 # when they drift from what the renderer makes of those configs now).

@@ -74,6 +74,14 @@ def policy_of(mode: str, max_active: int) -> IterativePolicy:
 
 async def run_mode(mode: str, model: Any, jobs: list[Job], max_active: int,
                    overhead_s: float) -> dict[str, Any]:
+    done, stats, cpu_s = await run_jobs(mode, model, jobs, max_active, overhead_s)
+    return summarize(mode, done, stats, cpu_s)
+
+
+async def run_jobs(mode: str, model: Any, jobs: list[Job], max_active: int, overhead_s: float
+                   ) -> tuple[list[tuple[float, float, float, int]], dict[str, Any], float]:
+    """Run `jobs` through a fresh host in `mode`: per job (submitted, first token, end,
+    tokens) in `perf_counter` seconds, in job order; the host's stats; this process's CPU."""
     host = IterativeHost(policy_of(mode, max_active), count_tokens=model.count_tokens)
     client = LocalStepClient(Generator(model), mode, overhead_s=overhead_s)
     host.add_replica(client)
@@ -94,7 +102,7 @@ async def run_mode(mode: str, model: Any, jobs: list[Job], max_active: int,
     done = await asyncio.gather(*(one(j) for j in jobs))
     cpu_s = time.process_time() - cpu0
     client.close()
-    return summarize(mode, done, host.stats(), cpu_s)
+    return list(done), host.stats(), cpu_s
 
 
 def summarize(mode: str, done: list[tuple[float, float, float, int]], stats: dict,

@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -91,14 +92,17 @@ def policies(n: int) -> dict[str, SequencePolicy]:
     }
 
 
-async def one_sequence(host: SequenceHost, sid: int, inputs: np.ndarray,
-                       latencies: list[float]) -> None:
-    steps = len(inputs)
+async def one_sequence(host: SequenceHost, sid: Any, inputs: Sequence[Any],
+                       latencies: list[float]) -> list[Any]:
+    """Send one sequence's steps in order, each once the previous one's output arrived
+    (start on the first, end on the last); returns the outputs."""
+    steps, outputs = len(inputs), []
     for i, x in enumerate(inputs):
         t0 = time.perf_counter()
-        await host.submit(SequenceRequest(f"{sid}/{i}", sid, x, start=i == 0,
-                                          end=i == steps - 1))
+        outputs.append(await host.submit(SequenceRequest(f"{sid}/{i}", sid, x, start=i == 0,
+                                                         end=i == steps - 1)))
         latencies.append(time.perf_counter() - t0)
+    return outputs
 
 
 async def run_once(name: str, policy: SequencePolicy, model: GRU, xs: np.ndarray,

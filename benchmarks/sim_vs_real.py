@@ -69,7 +69,7 @@ async def _poisson(svc: BatchedService, rate: float, duration_s: float, warmup_s
             "p50_ms": float(np.percentile(window, 50) * 1e3)}
 
 
-def _fit_model_cost(reps: int = 200) -> tuple[float, float]:
+def fit_model_cost(reps: int = 200) -> tuple[float, float]:
     """(a, b) of the sleep model timed in this process at batch sizes 1 and 64."""
     model = Sleep()
     times = {}
@@ -83,7 +83,7 @@ def _fit_model_cost(reps: int = 200) -> tuple[float, float]:
     return times[1] - b, b
 
 
-async def _hop_s(requests: int = 400) -> float:
+async def measure_hop_s(requests: int = 400) -> float:
     """Half the round trip of a zero-cost model through the embedded host."""
     policy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.0)
     async with BatchedService(Sleep, policy=policy, init_args=(0.0, 0.0)) as svc:
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.nominal:
         cost = (A_S, B_S, 0.0, 0.0)
     else:
-        a_s, b_s = _fit_model_cost()
-        cost = (a_s, b_s, asyncio.run(_hop_s()), TIMER_TICK_S)
+        a_s, b_s = fit_model_cost()
+        cost = (a_s, b_s, asyncio.run(measure_hop_s()), TIMER_TICK_S)
     print(f"simulated model: {cost[0] * 1e3:.3f} ms + {cost[1] * 1e3:.4f} ms/item, "
           f"hop {cost[2] * 1e3:.3f} ms each way, timer tick {cost[3] * 1e3:g} ms"
           f"{' (nominal)' if args.nominal else ' (calibrated)'}")

@@ -23,6 +23,8 @@ The runtime, in the order a request meets it
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
     metrics.py        every raybatch_* Prometheus series in one table, and what records them
                       through ray.util.metrics (batching actor, replicas, callers, ingress)
+    local.py          LocalApp: a local Ray of its own with one app, always torn down
+                      (notebooks, scripts)
 
 Subpackages
     http/             the HTTP front: OIP as a raw ASGI app, its limits and errors, the fast path

@@ -7,6 +7,8 @@ scales this machine cannot hold.
     engine.py     simulate(policy, arrivals, ...): DynamicBatcher + Ledger against replicas
                   whose batches take a + b·cost seconds
     report.py     SimReport: throughput, latency quantiles, batch sizes, flush reasons
+    sizing.py     sweep candidates (policy, replicas, deadline) over loads; pick the cheapest
+                  that meets a p99 target
     cli.py        `raybatch simulate` / `python -m batching.simulate`
 
     >>> from batching import DynamicPolicy
@@ -20,6 +22,7 @@ scales this machine cannot hold.
 from batching.simulate.arrivals import Arrivals, Bursts, ClosedLoop, Poisson, Trace
 from batching.simulate.engine import simulate
 from batching.simulate.report import SimReport, histogram, latency_summary_ms
+from batching.simulate.sizing import Candidate, Point, cheapest, curve, sweep
 
-__all__ = ["Arrivals", "Bursts", "ClosedLoop", "Poisson", "SimReport", "Trace", "histogram",
-           "latency_summary_ms", "simulate"]
+__all__ = ["Arrivals", "Bursts", "Candidate", "ClosedLoop", "Point", "Poisson", "SimReport",
+           "Trace", "cheapest", "curve", "histogram", "latency_summary_ms", "simulate", "sweep"]

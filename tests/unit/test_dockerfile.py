@@ -21,6 +21,7 @@ from tests.conftest import ROOT
 tomllib = pytest.importorskip("tomllib")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 FILES = {"Dockerfile": False, "Dockerfile.gpu": True}  # name: for GPUs
+DEVELOPMENT_EXTRAS = {"dev", "notebooks", "jupyter"}  # tests and notebooks: not in an image
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -75,7 +76,7 @@ def test_installs_the_package_with_its_runtime_extras_under_the_pins(name, gpu):
     assert torch, f"{name} does not install torch=={pinned('torch')}"
     cpu_index = "https://download.pytorch.org/whl/cpu"
     assert (cpu_index in torch[0]) is not gpu  # CPU image: no CUDA wheels
-    extras = sorted(set(PYPROJECT["project"]["optional-dependencies"]) - {"dev"})
+    extras = sorted(set(PYPROJECT["project"]["optional-dependencies"]) - DEVELOPMENT_EXTRAS)
     package = [args for args in installs if any(a.startswith(".") for a in args)]
     assert package, f"{name} never installs the package itself"
     (target,) = [a for a in package[0] if a.startswith(".")]
