@@ -117,11 +117,19 @@ def _const(actor: Any) -> Any:
 
 
 class _ViaIngress:
-    """Stands in for a batching actor (`infer.remote(bundle)`) when the engine runs in
-    the ingress: a bundle goes to `Ingress.infer_entries` through the app's handle."""
+    """Stands in for a batching actor (`infer.remote(bundle, caller)`) when the engine
+    runs in the ingress: a bundle goes to `Ingress.infer_entries` through the app's
+    handle. The ingress takes no cancels by key: a cancelled request still runs there,
+    and its answer is dropped here."""
 
     def __init__(self, handle: Any, model: str) -> None:
-        self.infer = _Method(lambda bundle: handle.infer_entries.remote(model, bundle))
+        self.infer = _Method(lambda bundle, caller=None: handle.infer_entries.remote(model,
+                                                                                     bundle))
+        self.cancel = _Method(lambda caller, keys: _nothing())
+
+
+async def _nothing() -> None:
+    return None
 
 
 class _Method:

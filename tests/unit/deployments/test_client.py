@@ -1,0 +1,79 @@
+"""`RaybatchClient` for a model whose engine runs in the ingress (`batcher.placement:
+ingress`): no batching actor to reach, so each coalesced bundle goes through the app's
+handle (`Ingress.infer_entries`). No Ray: a fake handle answers as the ingress would."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from cluster.config import ModelConfig
+from deployments.client import RaybatchClient
+
+CONFIG = ModelConfig.model_validate({
+    "name": "sq", "transformer": "deployments.models:Square",
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+    "batching": {"max_batch_size": 8}, "batcher": {"placement": "ingress"}})
+
+
+class _Call:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return asyncio.ensure_future(self.fn(*args))
+
+
+class FakeIngressHandle:
+    """`route_info` says the engine runs in the ingress; `infer_entries` squares each
+    entry's items, answering `(key, value, error)` per entry as the ingress does."""
+
+    def __init__(self) -> None:
+        self.bundles: list[tuple[str, list]] = []
+        self.route_info = _Call(self._route_info)
+        self.infer_entries = _Call(self._infer_entries)
+
+    async def _route_info(self, model):
+        return CONFIG.model_dump_json(), None, None
+
+    async def _infer_entries(self, model, bundle):
+        self.bundles.append((model, bundle))
+        return [(key, np.asarray(items) ** 2, None) for key, items, *_ in bundle]
+
+
+def test_requests_of_one_tick_reach_the_ingress_as_one_bundle_with_their_own_answers():
+    handle = FakeIngressHandle()
+
+    async def main():
+        client = RaybatchClient(handle)
+        xs = [np.array([float(i)], np.float32) for i in range(5)]
+        return await asyncio.gather(*(client.infer("sq", {"INPUT0": x}) for x in xs))
+
+    outs = asyncio.run(main())
+    assert [o["OUTPUT0"].tolist() for o in outs] == [[float(i * i)] for i in range(5)]
+    assert [(m, len(b)) for m, b in handle.bundles] == [("sq", 5)]
+
+
+def test_a_cancelled_request_is_dropped_here_quietly_and_the_next_one_still_runs(caplog):
+    handle = FakeIngressHandle()
+
+    async def main():
+        client = RaybatchClient(handle)
+        await client.infer("sq", {"INPUT0": np.ones(1, np.float32)})  # the route, fetched
+        task = asyncio.ensure_future(client.infer("sq", {"INPUT0": np.ones(1, np.float32)}))
+        for _ in range(3):  # sent in a bundle
+            await asyncio.sleep(0)
+        task.cancel()
+        for _ in range(3):  # the cancel flushed
+            await asyncio.sleep(0)
+        out = await client.infer("sq", {"INPUT0": np.full(1, 3.0, np.float32)})
+        return task, out
+
+    with caplog.at_level(logging.WARNING):
+        task, out = asyncio.run(main())
+    assert out["OUTPUT0"].tolist() == [9.0] and task.cancelled()
+    assert len(handle.bundles) == 3
+    assert not [r for r in caplog.records if "cancel" in r.getMessage()], caplog.text
