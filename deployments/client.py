@@ -117,14 +117,14 @@ def _const(actor: Any) -> Any:
 
 
 class _ViaIngress:
-    """Stands in for a batching actor (`infer.remote(bundle, caller)`) when the engine
-    runs in the ingress: a bundle goes to `Ingress.infer_entries` through the app's
-    handle. The ingress takes no cancels by key: a cancelled request still runs there,
-    and its answer is dropped here."""
+    """Stands in for a batching actor (`infer.remote(bundle)`) when the engine runs in
+    the ingress: a bundle goes to `Ingress.infer_entries` through the app's handle."""
 
     def __init__(self, handle: Any, model: str) -> None:
         self.infer = _Method(lambda bundle, caller=None: handle.infer_entries.remote(model,
                                                                                      bundle))
+        # A caller's cancel is not sent on: the bundle's handle call carries its batch-mates
+        # too. The request still ends at the engine; its answer is dropped here.
         self.cancel = _Method(lambda caller, keys: _nothing())
 
 
