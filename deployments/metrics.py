@@ -410,7 +410,7 @@ class HttpCounts:
     kept in a plain dict by the HTTP front, as increments: call `flush()` on a timer
     (not per request). Keys may be added while it runs; counts must only grow.
 
-    >>> counts = {("POST /v2/models/{model}/infer", 200): 0}
+    >>> counts = {("/v2/models/{model}/infer", 200): 0}
     >>> # flusher = HttpCounts(counts); task = create_task(every(1.0, flusher.flush))
     """
 
