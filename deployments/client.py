@@ -117,15 +117,14 @@ def _const(actor: Any) -> Any:
 
 
 class _ViaIngress:
-    """Stands in for a batching actor (`infer.remote(bundle, caller)`, `cancel.remote(
-    caller, keys)`) when the engine runs in the ingress: a bundle goes to
-    `Ingress.infer_entries` through the app's handle. A cancel is not sent: Serve may
-    route it to another ingress replica than the bundle's, so the request runs on and
-    its answer is dropped here (compute, not correctness: see `Coalescer`)."""
+    """Stands in for a batching actor (`infer.remote(bundle)`) when the engine runs in
+    the ingress: a bundle goes to `Ingress.infer_entries` through the app's handle."""
 
     def __init__(self, handle: Any, model: str) -> None:
-        self.infer = _Method(lambda bundle, caller=None: handle.infer_entries.remote(
-            model, bundle))
+        self.infer = _Method(lambda bundle, caller=None: handle.infer_entries.remote(model,
+                                                                                     bundle))
+        # A caller's cancel is not sent on: the bundle's handle call carries its batch-mates
+        # too. The request still ends at the engine; its answer is dropped here.
         self.cancel = _Method(lambda caller, keys: _nothing())
 
 
