@@ -1,20 +1,27 @@
-"""What Raybatch's metrics cost on the client path: the same app with and without them.
+"""What Raybatch's metrics cost: the same app with and without them, on the client path
+(`RaybatchClient`) and on the HTTP path (`wrk` at the ingress replica's fast path).
 
-    python -m benchmarks.metrics_overhead [--models square sleep] [--concurrency 128]
-        [--rounds 10] [--duration 2] [--warmup 0.5] [--json OUT]
+    python -m benchmarks.metrics_overhead [--models square sleep] [--paths client http]
+        [--concurrency 128] [--rounds 10] [--duration 2] [--warmup 0.5]
+        [--placement ingress|actor] [--json OUT]
     python -m benchmarks.metrics_overhead --micro     # the actor's recording alone, no Ray
 
-One local Ray, Serve throughput-optimized as in `benchmarks.serve_compare`. Per
-model, two Raybatch apps side by side, identical but for `metrics.enabled`
-(`metrics-on`, `metrics-off`), each one replica. `RaybatchClient` drives them
-in turn, closed-loop at C (ABBA rounds, so drift and the other helpers' load
-fall on both alike), and the run prints each round's throughput, the median
-ratio on/off, and the CPU per request of the client and of each kind of Ray
-process (batching actor, model replica, ingress, raylet...), whose difference
-on/off is what the metrics cost, less noisy than throughput on a shared box.
-Ray exports metrics at its default interval (10 s); the batching actor samples
-every `metrics.interval_s` (1 s). `square` (no compute) is the worst case: the
-most requests per second, so the most recording per second.
+One local Ray, Serve throughput-optimized with direct ingress as in
+`benchmarks.serve_compare`. Per model, two Raybatch apps side by side, identical
+but for `metrics.enabled` (`metrics-on`, `metrics-off`), each one ingress replica
+(the engine where `batcher.placement` puts it: the ingress, by default, for a
+one-shard dynamic model). Per path, each variant is driven in turn, closed-loop at
+C (ABBA rounds, so drift and the other helpers' load fall on both alike): the
+client path by `RaybatchClient`, the HTTP path by `wrk` (C connections, JSON
+bodies, a warm-up second first) at the ingress replica's own port, where every
+response is counted for `raybatch_http_requests_total`. The run prints each
+round's throughput, the median ratio on/off, and the CPU per request of the
+client (wrk's own, for HTTP) and of each kind of Ray process (batching actor,
+model replica, ingress, raylet...), whose difference on/off is what the metrics
+cost, less noisy than throughput on a shared box. Ray exports metrics at its
+default interval (10 s); the batching actor samples every `metrics.interval_s`
+(1 s). `square` (no compute) is the worst case: the most requests per second, so
+the most recording per second.
 
 `--micro` times what metrics add to the batching actor's hot path by itself:
 `BatcherMetrics.batch_sent` + `batch_done` per batch (all a batch costs it; the
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -47,13 +55,16 @@ def square_config() -> dict[str, Any]:
             "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 0.5}}
 
 
-def app_config(model: str, variant: str) -> dict[str, Any]:
+def app_config(model: str, variant: str, placement: str | None = None) -> dict[str, Any]:
     """The config of one app: `model` alone, metrics on or off."""
     if model == "square":
         base = {"app_name": "x", "ingress": {"num_replicas": 1, "num_cpus": 0.5},
                 "models": [square_config()]}
     else:
         base = raybatch_config(bench_models()[model], "x", "/x")
+    if placement:
+        base["models"] = [{**m, "batcher": {**m.get("batcher", {}), "placement": placement}}
+                          for m in base["models"]]
     return {**base, "app_name": f"{variant}-{model}",
             "ingress": {**base["ingress"], "route_prefix": f"/{variant}-{model}"},
             "metrics": {"enabled": variant == "metrics-on"}}
@@ -92,6 +103,32 @@ async def drive(client: Any, model: str, args: argparse.Namespace) -> dict[str, 
     return out
 
 
+async def drive_http(url: str, model: str, args: argparse.Namespace) -> dict[str, float]:
+    """One wrk run at `url` (a warm-up second first): throughput, latency, CPU per request."""
+    from benchmarks.serve_drivers import http_body, tree_cpu_s
+    from benchmarks.wrk import run_wrk
+
+    body, headers = http_body(payloads(model)[0], binary=False)
+    await asyncio.to_thread(run_wrk, url, body, headers, connections=args.concurrency,
+                            duration_s=1)
+    cpu0 = tree_cpu_s(os.getpid())
+    r = await asyncio.to_thread(run_wrk, url, body, headers, connections=args.concurrency,
+                                duration_s=args.duration)
+    cpu1 = tree_cpu_s(os.getpid())
+    if r.errors:
+        raise RuntimeError(f"{r.errors} errors of {r.requests} wrk requests at {url}")
+    n = max(r.requests, 1)
+    by_title = {k: (cpu1[k] - cpu0.get(k, 0.0)) / n * 1e6 for k in cpu1
+                if cpu1[k] - cpu0.get(k, 0.0) > 0 and "wrk" not in k}
+    out = {"rps": r.throughput_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
+           "client_us_per_req": r.client_cpu_us_per_req,
+           "ray_us_per_req": sum(by_title.values())}
+    out.update({f"cpu_us:{group(k)}": 0.0 for k in by_title})
+    for k, v in by_title.items():
+        out[f"cpu_us:{group(k)}"] += v
+    return out
+
+
 def group(title: str) -> str:
     """A Ray process title as the part of Raybatch (or Ray) it is."""
     for key, name in (("BatcherActor", "batching actor"), ("Replica:", "ingress"),
@@ -103,27 +140,35 @@ def group(title: str) -> str:
 
 
 async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Per path: every round's figures of both variants, and their summary."""
     from ray import serve
 
+    from benchmarks.serve_drivers import http_url
     from cluster.config import load_config
     from deployments.app import build_app
     from deployments.client import RaybatchClient
 
-    configs = {v: load_config(app_config(model, v)) for v in VARIANTS}
-    clients = {}
+    configs = {v: load_config(app_config(model, v, args.placement)) for v in VARIANTS}
+    clients, urls = {}, {}
     for v, c in configs.items():
         handle = serve.run(build_app(c), name=c.app_name, route_prefix=c.ingress.route_prefix)
         clients[v] = RaybatchClient(handle)
-    rounds: list[dict[str, dict[str, float]]] = []
-    for i in range(args.rounds):
-        order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]  # ABBA: drift hits both alike
-        rounds.append({v: await drive(clients[v], model, args) for v in order})
-        on, off = rounds[-1]["metrics-on"], rounds[-1]["metrics-off"]
-        print(f"  {model} round {i + 1}: on {on['rps']:8.0f} req/s   off {off['rps']:8.0f} "
-              f"req/s   on/off {on['rps'] / off['rps']:.3f}", flush=True)
+        urls[v] = await http_url(c.app_name, c.ingress.route_prefix, model, args.port,
+                                 direct=True)
+    out = {}
+    for path in args.paths:
+        rounds: list[dict[str, dict[str, float]]] = []
+        for i in range(args.rounds):
+            order = VARIANTS if i % 2 == 0 else VARIANTS[::-1]  # ABBA: drift hits both alike
+            rounds.append({v: await (drive(clients[v], model, args) if path == "client"
+                                     else drive_http(urls[v], model, args)) for v in order})
+            on, off = rounds[-1]["metrics-on"], rounds[-1]["metrics-off"]
+            print(f"  {model} {path} round {i + 1}: on {on['rps']:8.0f} req/s   off "
+                  f"{off['rps']:8.0f} req/s   on/off {on['rps'] / off['rps']:.3f}", flush=True)
+        out[path] = {"rounds": rounds, **summary(rounds)}
     for c in configs.values():
         serve.delete(c.app_name)
-    return {"rounds": rounds, **summary(rounds)}
+    return out
 
 
 def summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
@@ -134,9 +179,10 @@ def summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
             "ratio_max": max(ratios), "median": med}
 
 
-def render(model: str, s: dict[str, Any], c: int) -> str:
+def render(model: str, path: str, s: dict[str, Any], c: int) -> str:
     on, off = s["median"]["metrics-on"], s["median"]["metrics-off"]
-    lines = [f"{model}, RaybatchClient, C={c}, medians of {len(s['rounds'])} rounds:",
+    driver = "RaybatchClient" if path == "client" else "HTTP fast path, wrk (client: wrk)"
+    lines = [f"{model}, {driver}, C={c}, medians of {len(s['rounds'])} rounds:",
              f"  {'':12s} {'req/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'client us/req':>14s} "
              f"{'Ray us/req':>11s}"]
     for name, m in (("metrics on", on), ("metrics off", off)):
@@ -197,6 +243,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["square", "sleep"],
                    choices=["square", "sleep", "mlp"])
+    p.add_argument("--paths", nargs="+", default=["client", "http"], choices=["client", "http"])
+    p.add_argument("--placement", choices=["ingress", "actor"],
+                   help="where the engine runs (default: the config's default for the model)")
     p.add_argument("--concurrency", type=int, default=128)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--duration", type=float, default=2.0)
@@ -216,8 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     configure_environment(FULL)
     t0 = time.perf_counter()
     results = asyncio.run(main_async(args))
-    for model, s in results.items():
-        print(render(model, s, args.concurrency))
+    for model, by_path in results.items():
+        for path, s in by_path.items():
+            print(render(model, path, s, args.concurrency))
     print(f"wall {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -51,13 +51,28 @@ def replica_share(config: ModelConfig, parts: int) -> ModelConfig:
     return config.model_copy(update={"replicas": share}).bounded()
 
 
+def ingress_rank() -> int:
+    """This Serve replica's rank in its deployment (0..num_replicas-1, unique among the
+    running ones): what tells apart the model replicas of several ingress replicas in
+    the metrics (each names its own `replica-0`...). 0 outside a Serve replica."""
+    try:
+        from ray import serve
+
+        rank = serve.get_replica_context().rank
+    except Exception:  # not in a Serve replica (a local test)
+        return 0
+    return int(getattr(rank, "rank", rank))
+
+
 class LocalEngine:
     """The engine in this process: a `BatchHost` over its own `ReplicaPool`, submitted to
     like a `Coalescer` (one future per request, no Ray call per request)."""
 
-    def __init__(self, config: ModelConfig, metrics: MetricsConfig | None = None) -> None:
+    def __init__(self, config: ModelConfig, metrics: MetricsConfig | None = None,
+                 replica_prefix: str = "") -> None:
         self.config = config
         self.metrics_config = metrics
+        self.replica_prefix = replica_prefix  # of its replicas in the metrics' `replica` label
         self.metrics: BatcherMetrics | None = None
         self._publisher: asyncio.Future | None = None
         self._ids = itertools.count()
@@ -76,7 +91,7 @@ class LocalEngine:
         from deployments.pool import ReplicaPool
 
         if self.metrics_config is not None and self.metrics_config.enabled:
-            self.metrics = BatcherMetrics(self.config)
+            self.metrics = BatcherMetrics(self.config, replica_prefix=self.replica_prefix)
         self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c),
                               recorder=self.metrics or NULL_RECORDER)
         self.pool = ReplicaPool(self.config, self.host, record_metrics=self.metrics is not None)
@@ -210,7 +225,8 @@ class IngressBackend:
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
                  ingress_replicas: int, caller_metrics: CallerMetrics | None = None,
                  metrics: MetricsConfig | None = None) -> None:
-        self.engine = LocalEngine(replica_share(config, ingress_replicas), metrics)
+        prefix = f"ingress{ingress_rank()}-" if ingress_replicas > 1 else ""
+        self.engine = LocalEngine(replica_share(config, ingress_replicas), metrics, prefix)
         self.route = ModelRoute(config, [], default_timeout_s, caller_metrics,
                                 shards=[self.engine])
 

@@ -29,7 +29,7 @@ from deployments.backends import batcher_actor_name, make_backend
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
-from deployments.metrics import CallerMetrics
+from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 from deployments.stats import model_counters_json
 
@@ -148,6 +148,8 @@ class Ingress(GrpcIngress):
     async def __init__(self, config_json: str) -> None:  # type: ignore[misc]
         # Async, so Serve marks the app ready only once every model's replicas serve.
         self.http: OipApp | None = None
+        self.http_metrics: HttpCounts | None = None
+        self._http_export: asyncio.Future | None = None
         self.drain: IngressDrain | None = None
         self.config = RaybatchConfig.model_validate_json(config_json)
         self.backend = backend = ServeBackend(self.config)
@@ -166,6 +168,11 @@ class Ingress(GrpcIngress):
         ingress = self.config.ingress
         self.http = OipApp(self.backend, HttpLimits.from_config(ingress))
         mount(self.http, ingress.route_prefix)
+        metrics = self.config.metrics
+        if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total
+            self.http_metrics = HttpCounts(self.http.counts)
+            self._http_export = asyncio.ensure_future(
+                every(metrics.interval_s, self.http_metrics.flush))
         return self.http
 
     async def __del__(self) -> None:
@@ -179,6 +186,12 @@ class Ingress(GrpcIngress):
             # Engines in this replica (placement ingress) finish what they accepted too.
             await asyncio.gather(*(m.backend.drain(self.config.ingress.drain_timeout_s)
                                    for m in self.backend.by_name.values()))
+        if getattr(self, "_http_export", None) is not None:  # the last counts, then stop
+            self._http_export.cancel()
+            try:
+                self.http_metrics.flush()
+            except Exception:  # Ray going away first: those few counts are lost
+                pass
 
     # -- the handle API ---------------------------------------------------------------
     async def infer(self, model: str, inputs: dict[str, np.ndarray],

@@ -261,10 +261,16 @@ class BatcherMetrics:
     host's `HostSnapshot` and the pool's `PoolSnapshot`.
     """
 
-    def __init__(self, config: ModelConfig, shard: int = 0) -> None:
+    def __init__(self, config: ModelConfig, shard: int = 0,
+                 replica_prefix: str | None = None) -> None:
+        """`replica_prefix` goes before each model replica's name in the `replica` label:
+        `shard<N>-` by default when the model has shards, `ingress<rank>-` for an engine
+        in one of several ingress replicas (each has its own `replica-0`...)."""
         self.kind = config.batching.kind
         self._tags = tags = model_tags(config)
-        self._replica_prefix = f"shard{shard}-" if config.batcher.shards > 1 else ""
+        if replica_prefix is None:
+            replica_prefix = f"shard{shard}-" if config.batcher.shards > 1 else ""
+        self._replica_prefix = replica_prefix
         levels = range(1, priority_levels(config) + 1)
         self._level_tags = {lvl: {**tags, "priority": str(lvl)} for lvl in levels}
         self._reason_tags: dict[str, dict[str, str]] = {}
@@ -404,7 +410,7 @@ class HttpCounts:
     kept in a plain dict by the HTTP front, as increments: call `flush()` on a timer
     (not per request). Keys may be added while it runs; counts must only grow.
 
-    >>> counts = {("POST /v2/models/{model}/infer", 200): 0}
+    >>> counts = {("/v2/models/{model}/infer", 200): 0}
     >>> # flusher = HttpCounts(counts); task = create_task(every(1.0, flusher.flush))
     """
 

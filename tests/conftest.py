@@ -93,7 +93,9 @@ def ray_address():
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+        # Logical CPUs for reservations (the shared app holds ~3.1; other tests deploy apps
+        # beside it): fractional num_cpus, not the machine's cores.
+        ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
                  _metrics_export_port=METRICS_PORT,
                  _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
     finally:

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_build)
 
     render = sub.add_parser("render", help="render deployment files from the config: "
-                                           "`render k8s` (KubeRay RayService, PodMonitors)")
+                                           "`render k8s` (KubeRay RayService, PodMonitors, "
+                                           "Grafana dashboard ConfigMap)")
     from cluster.cli import render as render_cli
 
     render_cli.add_arguments(render)

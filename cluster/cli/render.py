@@ -15,7 +15,8 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="what", required=True)
-    k8s = sub.add_parser("k8s", help="a RayService (KubeRay) and PodMonitors for the config")
+    k8s = sub.add_parser("k8s", help="a RayService (KubeRay), PodMonitors and the Grafana "
+                                     "dashboard's ConfigMap for the config")
     k8s.add_argument("--config", help="YAML config (default: $RAYBATCH_CONFIG, else the "
                                       "bundled demo)")
     k8s.add_argument("--image", help="image of the CPU pods (default: the config's "

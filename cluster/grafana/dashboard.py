@@ -3,7 +3,8 @@
 `render_dashboard(config)` returns the dashboard as a dict (JSON at the edge:
 `dashboard_json`), so the CLI writes it, `publish` sends it, and the Kubernetes
 renderer can put it in a ConfigMap. Layout: an overview row (every model chosen
-in the `model` variable side by side), then one row per model of the config
+in the `model` variable side by side), the HTTP ingress's responses by route and
+status, then one row per model of the config
 with the panels its kind of batching has: throughput, queue wait quantiles,
 queue depth, the batch-size heatmap, batches by flush reason (stacked), batch
 times, replicas, batches in flight per replica, errors by outcome; live, lost and
@@ -52,6 +53,7 @@ IDLE = R + "sequences_idle_expired_total"
 ACTIVE, TOKENS = R + "generation_active_sequences", R + "generation_tokens_total"
 TTFT, INTER_TOKEN = R + "generation_ttft_seconds", R + "generation_inter_token_seconds"
 CANCELLED = R + "generation_cancelled_total"
+HTTP = R + "http_requests_total"
 
 
 def _t(expr: str, legend: str) -> Target:
@@ -187,6 +189,22 @@ def overview_row(base: Filter) -> Row:
     ))
 
 
+def http_row(base: Filter) -> Row:
+    """The ingress's HTTP responses (both its fast path and Serve's): no model label,
+    a route template (`POST /v2/models/{model}/infer`) and a status code."""
+    return Row("HTTP ingress", (
+        Panel("HTTP responses/s by route and status", "Responses the ingress replicas "
+              "sent, per second, by route template and status code (499: the client went "
+              "away first).", (_t(sum_by(("route", "status"), rate(HTTP, base)),
+                                  "{{status}} {{route}}"),), unit="reqps"),
+        Panel("HTTP errors/s by status", "Responses with a 4xx or 5xx status, per second: "
+              "4xx is the caller's to fix (the body says how), 503 a full or draining "
+              "replica, other 5xx ours.",
+              (_t(sum_by(("status",), rate(HTTP, base.matching(status="[45].."))),
+                  "{{status}}"),), unit="reqps", stacked=True),
+    ))
+
+
 # -- the dashboard --------------------------------------------------------------------------
 def layout(rows: list[Row]) -> list[dict[str, Any]]:
     """Row headers and panels as Grafana JSON, placed left to right and top to bottom,
@@ -237,7 +255,7 @@ def render_dashboard(config: RaybatchConfig, title: str | None = None,
                      uid: str | None = None) -> dict[str, Any]:
     """The dashboard of `config`'s app as a dict (Grafana's dashboard JSON model)."""
     base = Filter.base()
-    rows = [overview_row(base), *(model_row(m, base) for m in config.models)]
+    rows = [overview_row(base), http_row(base), *(model_row(m, base) for m in config.models)]
     return {
         "annotations": {"list": [{
             "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},

@@ -1,7 +1,9 @@
 """All the manifests of one config, and the YAML files they are written to.
 
 `render(config)` returns `{file name: [objects]}`: plain dicts, built by the small
-functions of `rayservice`, `pods`, `sizing` and `monitoring`; YAML appears only
+functions of `rayservice`, `pods`, `sizing` and `monitoring` (the RayService, its
+PodMonitors, and the ConfigMap of the Grafana dashboard that `raybatch dashboard
+render` makes of the same config); YAML appears only
 in `to_yaml` and `write`, at the edge. `kubectl apply -f DIR` takes the folder.
 
     files = render(load_config("my.yaml"), image="registry.example.com/raybatch:0.1.0")
@@ -18,13 +20,15 @@ from typing import Any
 import yaml
 
 from cluster.config import RaybatchConfig
-from cluster.k8s.monitoring import INSTANCE_LABEL, podmonitors
+from cluster.grafana.dashboard import render_dashboard
+from cluster.k8s.monitoring import INSTANCE_LABEL, dashboard_configmap, podmonitors
 from cluster.k8s.rayservice import rayservice
 from cluster.k8s.settings import KubernetesConfig, check_dns_label
 from cluster.k8s.sizing import RenderError
 
 RAYSERVICE_FILE = "rayservice.yaml"
 PODMONITOR_FILE = "podmonitors.yaml"
+DASHBOARD_FILE = "grafana-dashboard.yaml"
 
 
 def package_version() -> str:
@@ -61,8 +65,10 @@ def render(config: RaybatchConfig, *, image: str | None = None, gpu_image: str |
     service = rayservice(config, k8s, name=name, image=image, gpu_image=gpu_image,
                          labels=pod_labels, namespace=namespace)
     service["metadata"]["labels"] = labels
+    dashboard = dashboard_configmap(name, render_dashboard(config), labels, namespace)
     return {RAYSERVICE_FILE: [service],
-            PODMONITOR_FILE: podmonitors(name, labels, k8s.prometheus_release, namespace)}
+            PODMONITOR_FILE: podmonitors(name, labels, k8s.prometheus_release, namespace),
+            DASHBOARD_FILE: [dashboard]}
 
 
 class _Dumper(yaml.SafeDumper):

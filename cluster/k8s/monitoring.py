@@ -12,7 +12,9 @@ its namespace. Prometheus must be told to watch it (kube-prometheus-stack: its
 
 The dashboard goes in a ConfigMap that Grafana's sidecar loads
 (`grafana_dashboard: "1"`): `dashboard_configmap` takes the rendered dashboard
-as a dict.
+as a dict and writes it one value a line, without padding (a demo config's is
+~100 KB, a 14-model config's ~210 KB); past the 1 MiB a ConfigMap may hold it
+is refused with the fix.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from cluster.k8s.sizing import RenderError
+
 PODMONITOR_API = "monitoring.coreos.com/v1"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 GRAFANA_SIDECAR_LABEL = "grafana_dashboard"
+CONFIGMAP_MAX_BYTES = 1024 * 1024  # what the API server accepts in one ConfigMap's data
 HEAD_METRIC_PORTS = ("metrics", "as-metrics", "dash-metrics")
 
 
@@ -59,6 +64,11 @@ def dashboard_configmap(name: str, dashboard: Mapping[str, Any], labels: Mapping
                                 "labels": {**labels, GRAFANA_SIDECAR_LABEL: "1"}}
     if namespace:
         metadata["namespace"] = namespace
-    text = json.dumps(dict(dashboard), indent=2, sort_keys=True) + "\n"
+    text = json.dumps(dict(dashboard), indent=1, separators=(",", ":"), sort_keys=True) + "\n"
+    if len(text.encode()) > CONFIGMAP_MAX_BYTES:
+        raise RenderError(f"the Grafana dashboard of {name!r} is {len(text.encode())} bytes, "
+                          f"more than a ConfigMap holds ({CONFIGMAP_MAX_BYTES}): split the "
+                          "models over several apps (configs), or publish the dashboard "
+                          "with `raybatch dashboard publish` instead")
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {f"{name}.json": text}}

@@ -1,10 +1,11 @@
 """The raybatch_* series on Ray's own metrics endpoint, after traffic through the shared app.
 
 Scrapes the session Ray's metrics port (tests/conftest.py) as Prometheus would:
-every declared series shows up (the ingress's HTTP counter once FRONT's ingress
-feeds it), counts grow by what was sent, the replica's own compute series and
-the sampled gauges are there, and no series carries a label outside the
-bounded set (Ray's own labels aside).
+every declared series shows up, counts grow by what was sent, the replica's own
+compute series and the sampled gauges are there, and no series carries a label
+outside the bounded set (Ray's own labels aside). The ingress's HTTP responses
+are counted on both fronts (Serve's proxy and the fast path); an engine placed in
+each of two ingress replicas records its model without clashing with the other.
 """
 
 from __future__ import annotations
@@ -46,7 +47,25 @@ def grew(url: str, name: str, by: float, before: Samples, **labels: str) -> Call
     return check
 
 
+INFER = "/v2/models/{model}/infer"
+
+
+def send_http(base_url: str, n: int, model: str = "square") -> None:
+    """`n` good infer requests, and one to a path no route has (404)."""
+    import httpx
+
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2],
+                        "data": [1.0, 2.0]}]}
+    with httpx.Client(base_url=base_url, timeout=30) as http:
+        for _ in range(n):
+            r = http.post(f"/v2/models/{model}/infer", json=body)
+            assert r.status_code == 200, r.text
+        assert http.get("/v2/nothing/here").status_code == 404
+
+
 def send_traffic(app) -> None:
+    send_http(app.base_url, 3)  # through Serve's proxy (the app under Serve's wrapper)
+    send_http(app.direct_url, 4)  # the fast path
     h = app.handle
     x = np.arange(4, dtype=np.float32)
     out = h.infer_bundle.remote("square", [{"INPUT0": x}] * 40).result(timeout_s=60)
@@ -66,6 +85,8 @@ def test_every_layer_s_series_reach_ray_s_metrics_endpoint(app, metrics_url):
     for name, by, labels in [
         ("ray_raybatch_requests_total", 40, {"model": "square", "outcome": "ok"}),
         ("ray_raybatch_requests_total", 1, {"model": "square", "outcome": "invalid"}),
+        ("ray_raybatch_http_requests_total", 7, {"route": INFER, "status": "200"}),
+        ("ray_raybatch_http_requests_total", 2, {"route": "unmatched", "status": "404"}),
         ("ray_raybatch_queue_wait_seconds_count", 40, {"model": "square"}),
         ("ray_raybatch_batch_compute_seconds_count", 1, {"model": "square"}),
         ("ray_raybatch_generation_tokens_total", 2, {"model": "tinylm"}),
@@ -82,8 +103,6 @@ def test_every_layer_s_series_reach_ray_s_metrics_endpoint(app, metrics_url):
 
     names = {n for n, _, _ in samples}
     for s in SERIES:
-        if s.recorded_in == "ingress":
-            continue  # raybatch_http_requests_total: fed by the new HTTP ingress (FRONT)
         suffixes = ("_bucket", "_count", "_sum") if s.kind == "histogram" else ("",)
         assert {s.exported + x for x in suffixes} <= names, s.name
     for name, labels, _ in samples:
@@ -119,3 +138,50 @@ def test_status_watch_refreshes_a_row_per_model_of_the_running_app(app):
     header = next(line for line in proc.stdout.splitlines() if line.startswith("MODEL"))
     assert "WAIT p99" in header and "BATCH FILL" in header
     assert sum(line.startswith("tinylm ") for line in proc.stdout.splitlines()) == 2
+
+
+def test_an_engine_in_each_of_two_ingress_replicas_records_its_model_apart(app, metrics_url):
+    """placement ingress, two ingress replicas: each runs its own engine and replica pool.
+    Counts add up across them, and each names its replicas by its rank (`ingress0-`,
+    `ingress1-`): no two series of the endpoint share a label set."""
+    from ray import serve
+
+    from cluster.config import load_config
+    from deployments.app import build_app
+
+    name, model = "metrics-two-ingress", "local2"
+    config = load_config({
+        "app_name": name, "ingress": {"num_replicas": 2, "num_cpus": 0.1,
+                                      "route_prefix": "/" + name},
+        "metrics": {"interval_s": 0.5},
+        "models": [{"name": model, "transformer": "deployments.models:Square",
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "batching": {"max_batch_size": 8},
+                    "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 0.05},
+                    "batcher": {"placement": "ingress"}}]})
+    before = scrape(metrics_url)
+    handle = serve.run(build_app(config), name=name, route_prefix="/" + name)
+    try:
+        x = np.arange(3, dtype=np.float32)
+        calls = [handle.infer.remote(model, {"INPUT0": x}) for _ in range(60)]
+        for call in calls:
+            np.testing.assert_array_equal(call.result(timeout_s=60)["OUTPUT0"], x * x)
+        wait_until(grew(metrics_url, "ray_raybatch_requests_total", 60, before, model=model,
+                        outcome="ok"), timeout_s=60, every_s=0.5, what=f"{model}'s 60 ok")
+
+        def both_ingress_replicas_report() -> set[str]:
+            replicas = {lab["replica"] for n, lab, _ in scrape(metrics_url)
+                        if n == "ray_raybatch_inflight_batches" and lab["model"] == model}
+            return replicas if {r.split("-")[0] for r in replicas} == {
+                "ingress0", "ingress1"} else set()
+        replicas = wait_until(both_ingress_replicas_report, timeout_s=60, every_s=0.5,
+                              what="both ingress replicas' engines to report")
+        assert replicas == {"ingress0-replica-0", "ingress1-replica-0"}  # one each
+        samples = scrape(metrics_url)
+        assert total(samples, "ray_raybatch_replicas_running", model=model) == 2
+        assert total(samples, "ray_raybatch_requests_total", model=model, outcome="ok") == 60
+        seen = [(n, tuple(sorted(lab.items()))) for n, lab, _ in samples]
+        assert len(seen) == len(set(seen)), "two series share a name and label set"
+    finally:
+        serve.delete(name)

@@ -91,7 +91,10 @@ def example_inputs(m) -> dict[str, np.ndarray]:
 
 
 def traffic(app, seconds: float) -> None:
-    """A little of everything the dashboard shows, to every model of the app."""
+    """A little of everything the dashboard shows, to every model of the app, and HTTP
+    (a good request and a 404) to the ingress's HTTP panels."""
+    from tests.integration.test_metrics import send_http
+
     h = app.handle
     give_up, round_ = time.monotonic() + seconds, 0
     while time.monotonic() < give_up:
@@ -110,6 +113,7 @@ def traffic(app, seconds: float) -> None:
             else:
                 calls += [h.generate.remote(m.name, "Once upon", {"max_tokens": 6})
                           for _ in range(3)]
+        send_http(app.base_url if round_ % 2 else app.direct_url, 1)
         for call in calls:
             call.result(timeout_s=60)
         round_ += 1

@@ -151,3 +151,42 @@ def test_an_actor_that_cannot_be_found_fails_the_bundle_at_once():
             a.result()
         assert c.outstanding == 0
     run(main())
+
+
+def test_a_client_of_an_ingress_placed_engine_sends_through_the_handle_and_cancels_locally():
+    """`RaybatchClient`'s stand-in actor (`_ViaIngress`) takes the Coalescer's calls
+    (bundle and caller; cancel by caller and keys) and answers through the app's handle."""
+    from deployments.client import _ViaIngress
+
+    class Handle:
+        def __init__(self) -> None:
+            self.calls: list = []
+            self.infer_entries = self
+
+        def remote(self, model, bundle):
+            self.calls.append((model, bundle))
+            self.answer = asyncio.get_running_loop().create_future()
+            self.answer.set_result(
+                [(key, [x * 10 for x in items], None) for key, items, *_ in bundle])
+            self.go = asyncio.Event()
+
+            async def answer():
+                await self.go.wait()
+                return await self.answer
+            return answer()
+
+    async def main():
+        handle = Handle()
+        via = _ViaIngress(handle, "m")
+        c = Coalescer(lambda: via, bundle_items=8)
+        keep, drop = c.submit([1], None, None), c.submit([2], None, None)
+        await spin()
+        drop.cancel()
+        await spin()
+        handle.go.set()
+        assert await keep == [10]
+        await spin()
+        assert [m for m, _ in handle.calls] == ["m"] and len(handle.calls[0][1]) == 2
+        assert c.cancels_sent == 1  # sent to the stand-in, which drops it: no error
+
+    run(main())

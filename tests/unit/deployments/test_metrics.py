@@ -263,3 +263,20 @@ def test_the_export_loop_flushes_on_its_clock_and_survives_a_failing_flush():
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(dm.every(0.5, flush, sleep=sleep))
     assert naps == [0.5] * 4 and flushed == [1, 2, 3]
+
+
+def test_an_engine_in_one_of_several_ingress_replicas_names_its_replicas_apart(fake,
+                                                                              monkeypatch):
+    """Each ingress replica's engine has its own replica-0: the ingress rank tells them
+    apart in the `replica` label (Ray's WorkerId label keeps the other series apart)."""
+    from deployments import backends
+
+    m = BatcherMetrics(model(), replica_prefix="ingress1-")
+    m.publish(snapshot())
+    inflight = {t["replica"] for _, _, t in fake["raybatch_inflight_batches"].calls}
+    assert inflight == {"ingress1-replica-0", "ingress1-replica-3"}
+    monkeypatch.setattr(backends, "ingress_rank", lambda: 2)
+    config = model().model_copy(update={"batcher": model().batcher.model_copy(
+        update={"placement": "ingress"})})
+    assert backends.IngressBackend(config, None, 3).engine.replica_prefix == "ingress2-"
+    assert backends.IngressBackend(config, None, 1).engine.replica_prefix == ""

@@ -15,7 +15,8 @@ def test_writes_one_file_per_kind_into_the_folder(tmp_path, capsys):
     out = tmp_path / "manifests"
     assert main(["render", "k8s", "--config", GPU, "--image", "reg.io/rb:7",
                  "--namespace", "ml", "-o", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["podmonitors.yaml", "rayservice.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "grafana-dashboard.yaml", "podmonitors.yaml", "rayservice.yaml"]
     (service,) = yaml.safe_load_all((out / "rayservice.yaml").read_text())
     assert service["metadata"]["namespace"] == "ml"
     images = {g["groupName"]: g["template"]["spec"]["containers"][0]["image"]
@@ -30,7 +31,7 @@ def test_prints_one_stream_without_a_folder(capsys, monkeypatch):
     monkeypatch.delenv("RAYBATCH_CONFIG", raising=False)
     assert main(["render", "k8s"]) == 0  # the bundled demo
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == ["RayService", "PodMonitor", "PodMonitor"]
+    assert kinds == ["RayService", "PodMonitor", "PodMonitor", "ConfigMap"]
 
 
 def test_a_config_that_cannot_deploy_exits_2_saying_why(tmp_path, capsys):

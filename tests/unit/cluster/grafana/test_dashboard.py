@@ -75,7 +75,7 @@ def test_ids_are_unique_and_panels_tile_the_grid_without_overlap(dashboard):
         GridPos(20, 0, 6, 8)
 
 
-def test_one_row_per_model_after_the_overview_with_the_panels_of_its_kind():
+def test_one_row_per_model_after_the_overview_and_http_with_the_panels_of_its_kind():
     config = load_config(APP)
     d = render_dashboard(config)
     rows, current = {}, None
@@ -85,8 +85,13 @@ def test_one_row_per_model_after_the_overview_with_the_panels_of_its_kind():
         else:
             current.append(p)
     titles = list(rows)
-    assert titles[0] == "All models"
-    assert titles[1:] == [f"{m.name} ({m.batching.kind}, version {m.version})"
+    assert titles[:2] == ["All models", "HTTP ingress"]
+    http = {p["title"]: p["targets"][0]["expr"] for p in rows["HTTP ingress"]}
+    assert http["HTTP responses/s by route and status"] == (
+        'sum by (route, status) (rate(ray_raybatch_http_requests_total'
+        '{ray_io_cluster=~"$cluster"}[$__rate_interval]))')
+    assert 'status=~"[45].."' in http["HTTP errors/s by status"]
+    assert titles[2:] == [f"{m.name} ({m.batching.kind}, version {m.version})"
                           for m in config.models]
     by_model = {t.split(" ")[0]: [p["title"] for p in ps] for t, ps in rows.items()}
     for name in ("square", "accumulator", "tinylm"):
@@ -113,8 +118,10 @@ def test_every_selector_carries_the_filter_and_names_a_declared_series(dashboard
     for title, expr in expressions(dashboard):
         metrics = re.findall(r"(ray_raybatch_\w+)", expr)
         assert metrics, (title, expr)
+        # one filter, everywhere: the cluster, and the model (the HTTP series has none)
         selectors = re.findall(r'ray_raybatch_\w+\{ray_io_cluster=~"\$cluster",model=', expr)
-        assert len(selectors) == len(metrics), (title, expr)  # one filter, everywhere
+        selectors += re.findall(r'ray_raybatch_http_\w+\{ray_io_cluster=~"\$cluster"[,}]', expr)
+        assert len(selectors) == len(metrics), (title, expr)
         used |= set(metrics)
     assert used <= exported, used - exported
     latency = [e for _, e in expressions(dashboard) if "histogram_quantile" in e]

@@ -9,8 +9,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cluster.k8s.manifests import PODMONITOR_FILE, RAYSERVICE_FILE, render
+from cluster.grafana.dashboard import render_dashboard
+from cluster.k8s.manifests import DASHBOARD_FILE, PODMONITOR_FILE, RAYSERVICE_FILE, render
 from cluster.k8s.monitoring import dashboard_configmap
+from cluster.k8s.sizing import RenderError
 from tests.unit.cluster.k8s.conftest import make_config
 from tests.unit.cluster.k8s.schemas import DATA, PODMONITOR_CRD, crd_errors, load_crd
 
@@ -65,3 +67,27 @@ def test_the_dashboard_configmap_is_a_valid_configmap_grafanas_sidecar_loads():
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     (text,) = cm["data"].values()
     assert json.loads(text) == dashboard
+
+
+@pytest.mark.parametrize("which", ["demo", "gpu"])
+def test_render_writes_the_config_s_dashboard_in_a_configmap_the_sidecar_loads(which,
+                                                                               request):
+    config = request.getfixturevalue(which)
+    files = render(config, namespace="ml")
+    (cm,) = files[DASHBOARD_FILE]
+    kubernetes_validate.validate(cm, "1.37.0", strict=True)
+    meta = cm["metadata"]
+    assert meta["namespace"] == "ml" and meta["name"] == f"{config.app_name}-dashboard"
+    assert meta["labels"]["grafana_dashboard"] == "1"
+    (service,) = files[RAYSERVICE_FILE]
+    instance = "app.kubernetes.io/instance"
+    assert meta["labels"][instance] == service["metadata"]["labels"][instance]
+    (text,) = cm["data"].values()
+    assert json.loads(text) == render_dashboard(config)  # what `raybatch dashboard render` makes
+    assert len(text.encode()) < 256 * 1024  # fits kubectl's last-applied annotation too
+
+
+def test_a_dashboard_bigger_than_a_configmap_holds_is_refused_with_the_fix():
+    dashboard = {"title": "huge", "panels": [{"id": i, "title": "x" * 200} for i in range(6000)]}
+    with pytest.raises(RenderError, match=r"more than a ConfigMap holds .* split the models"):
+        dashboard_configmap("raybatch", dashboard, {})
