@@ -45,9 +45,9 @@ def _placed(actor: Any) -> bool:
     try:
         from ray._private.state import actors
 
-        info = actors(actor._actor_id.hex())
-        node = info.get("Address", {}).get("NodeID", "").strip("0f")
-        return bool(info.get("Pid") or node)  # a worker was leased on a node
+        # A worker process runs its constructor: it has a pid (a pending one has 0; its
+        # NodeID is already filled in, so that tells nothing).
+        return bool(actors(actor._actor_id.hex()).get("Pid"))
     except Exception:  # a warning too many beats none
         return False
 
@@ -72,6 +72,7 @@ class RayReplicaClient:
         self.index = index
         self.name = f"replica-{index}"
         self.timeout_s = timeout_s
+        self._stopped = False  # a batch ran past timeout_s: the actor is being killed
 
     async def run(self, items: Any) -> tuple[Any, float]:
         return await self._call(self.actor.run, items)
@@ -98,6 +99,9 @@ class RayReplicaClient:
                 timer.cancel()
 
     def _stop_hung(self, hung: list[float]) -> None:
+        if self._stopped:  # being killed for an earlier batch: this one is retried
+            return
+        self._stopped = True
         hung.append(time.monotonic())
         log.error("%s ran a batch for more than batch_timeout_s=%s s: stopping it as hung",
                   self.name, self.timeout_s)
