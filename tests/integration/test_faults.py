@@ -35,6 +35,7 @@ NAME, PREFIX = "faults", "/faults"
 RECOVERY_S = 30.0  # the stated bound: from the kill to all-200 traffic again
 HANG_TIMEOUT_S = 2.0
 CLIENT_TIMEOUT_S = 30.0  # a request with no answer by then "hangs": the test fails
+BODY_TIMEOUT_S = 5.0  # the ingress's body_timeout_s: see the ingress-kill test
 
 
 def _model(name: str, transformer: str, **extra) -> dict:
@@ -51,7 +52,7 @@ def faults_config():
     return load_config({
         "app_name": NAME,
         "ingress": {"num_replicas": 2, "num_cpus": 0.05, "route_prefix": PREFIX,
-                    "drain_timeout_s": 2},
+                    "drain_timeout_s": 2, "body_timeout_s": BODY_TIMEOUT_S},
         "models": [
             _model("slow", "tests.models:SlowSquare", init_kwargs={"delay_ms": 5},
                    batching={"max_batch_size": 8}),
@@ -199,8 +200,10 @@ def test_sigkill_of_an_ingress_replica_fails_only_its_requests_and_traffic_recov
     load = Load(f"{app.base_url}{PREFIX}/v2/models/slow/infer")
     killed, recovered = arun(kill_under_load(load, pids[:1]), timeout_s=RECOVERY_S + 60)
     # Requests that were in the killed replica end with Serve's proxy error (5xx); none
-    # is answered wrong or left without an answer.
-    counts = check_answers(load, allowed={500, 502, 503})
+    # is answered wrong or left without an answer. Seen in one of two runs: Serve's proxy
+    # sent a request whose replica died on to the other one without its body, which
+    # waited body_timeout_s for it and answered 408 (the proxy's, not Raybatch's, to fix).
+    counts = check_answers(load, allowed={408, 500, 502, 503})
     print(f"ingress replica SIGKILL: {counts}, recovered {recovered - killed:.2f} s after")
     assert recovered - killed < RECOVERY_S, f"still failing {recovered - killed:.1f} s after"
 
