@@ -37,6 +37,7 @@ from batching.dynamic.batcher import DynamicBatcher
 from batching.dynamic.policy import DynamicPolicy, QueuePolicy, TimeoutAction
 from batching.errors import (
     BatchSizeMismatch,
+    BatchTimedOut,
     Cancelled,
     DeadlineExceeded,
     Draining,
@@ -67,6 +68,7 @@ __all__ = [
     "Batch",
     "BatchSizeMismatch",
     "BatchStats",
+    "BatchTimedOut",
     "BatchedService",
     "Cancelled",
     "Collate",

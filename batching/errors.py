@@ -60,6 +60,13 @@ class WorkerDied(RaybatchError):
     http_status = 503
 
 
+class BatchTimedOut(WorkerDied):
+    """The model did not finish the request's batch within the replica's
+    `batch_timeout_s`: the replica was taken for hung, stopped and replaced."""
+
+    http_status = 504
+
+
 class BatchSizeMismatch(RaybatchError):
     """A model returned a different number of results than the batch had items."""
 

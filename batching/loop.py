@@ -32,6 +32,16 @@ class ReplicaDied(Exception):
     """Raised by a ReplicaClient when the replica is gone (the batch may be retried)."""
 
 
+class ReplicaHung(ReplicaDied):
+    """Raised by a ReplicaClient for the batch that ran past its time limit, after it
+    stopped the replica: the replica is gone (its other batches are retried), but this
+    batch is not retried (it would likely hang again): its requests fail with `error`."""
+
+    def __init__(self, message: str, error: BaseException) -> None:
+        super().__init__(message)
+        self.error = error
+
+
 class OpenRequest:
     """An open request: its future, what was asked, and when (for statistics)."""
 

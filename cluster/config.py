@@ -124,6 +124,12 @@ class ReplicaConfig(BaseModel):
     """GPUs each replica reserves; 1 runs the model on `cuda`."""
     max_inflight_batches: int = Field(default=2, ge=1)
     """Batches sent to one replica before its previous ones return (pipelining)."""
+    batch_timeout_s: float | None = Field(default=120.0, gt=0)
+    """Seconds one batch (or generation step) may run on a replica, counted from when it
+    is sent: past it the replica is taken for hung and stopped, that batch's requests
+    fail with `BatchTimedOut` (HTTP 504), its other batches run on another replica, and
+    the pool starts a replacement. Raise it for models whose batches run longer; null
+    waits forever."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Extra Ray custom resources per replica (e.g. {"numa0": 2})."""
     env: dict[str, str] = Field(default_factory=dict)

@@ -23,7 +23,8 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
-from batching.loop import ReplicaDied
+from batching.errors import BatchTimedOut
+from batching.loop import ReplicaDied, ReplicaHung
 from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
@@ -38,6 +39,19 @@ async def _await(ref: Any) -> Any:
     return await ref
 
 
+def _placed(actor: Any) -> bool:
+    """Whether Ray has started `actor`'s process (its constructor may still run), from the
+    GCS's actor table (no dashboard needed); False when that cannot be told."""
+    try:
+        from ray._private.state import actors
+
+        # A worker process runs its constructor: it has a pid (a pending one has 0; its
+        # NodeID is already filled in, so that tells nothing).
+        return bool(actors(actor._actor_id.hex()).get("Pid"))
+    except Exception:  # a warning too many beats none
+        return False
+
+
 def _python_path() -> dict[str, str]:
     """The config's python_path, passed on to the replicas (see cluster.modelpath)."""
     value = os.environ.get(PYTHON_PATH_ENV)
@@ -45,24 +59,53 @@ def _python_path() -> dict[str, str]:
 
 
 class RayReplicaClient:
-    """`ReplicaClient` over a `ModelReplica` actor: one Ray call per batch."""
+    """`ReplicaClient` over a `ModelReplica` actor: one Ray call per batch.
 
-    def __init__(self, actor: Any, index: int) -> None:
+    A call that has not returned `timeout_s` after it was sent (`replicas.batch_timeout_s`)
+    means a hung model: a timer kills the actor, so every call on it ends (ReplicaDied:
+    retried elsewhere) and that call raises ReplicaHung (not retried: `BatchTimedOut`).
+    A timer, not `asyncio.wait_for`: no extra task per batch.
+    """
+
+    def __init__(self, actor: Any, index: int, timeout_s: float | None = None) -> None:
         self.actor = actor
         self.index = index
         self.name = f"replica-{index}"
+        self.timeout_s = timeout_s
+        self._stopped = False  # a batch ran past timeout_s: the actor is being killed
 
     async def run(self, items: Any) -> tuple[Any, float]:
         return await self._call(self.actor.run, items)
 
     async def _call(self, method: Any, *args: Any) -> Any:
+        hung: list[float] = []  # set by the timer when this call ran past timeout_s
+        timer = None if self.timeout_s is None else asyncio.get_running_loop().call_later(
+            self.timeout_s, self._stop_hung, hung)
         try:
             return await method.remote(*args)
         except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+            if hung:
+                raise ReplicaHung(f"{self.name}: hung", BatchTimedOut(
+                    f"the model did not finish this request's batch within "
+                    f"replicas.batch_timeout_s={self.timeout_s} s on {self.name}, which was "
+                    f"stopped and replaced; raise batch_timeout_s if batches run this "
+                    f"long")) from e
             raise ReplicaDied(f"{self.name}: {type(e).__name__}") from e
         except RayTaskError as e:  # the model raised: hand its own exception on
             cause = e.cause if isinstance(e.cause, BaseException) else None
             raise (cause or e) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _stop_hung(self, hung: list[float]) -> None:
+        if self._stopped:  # being killed for an earlier batch: this one is retried
+            return
+        self._stopped = True
+        hung.append(time.monotonic())
+        log.error("%s ran a batch for more than batch_timeout_s=%s s: stopping it as hung",
+                  self.name, self.timeout_s)
+        ray.kill(self.actor, no_restart=True)
 
 
 class SequenceReplicaClient(RayReplicaClient):
@@ -148,17 +191,27 @@ class ReplicaPool:
                 if done:
                     self._check_ready(index, actor, ready.result())
                     break
-                # Pending is normal while an autoscaler adds a node; silent pending is not.
-                log.warning("%s replica-%d is not placed after %.0f s: it asks for %s; the "
-                            "cluster has %s free. Lower replicas.num_cpus/num_gpus or add nodes.",
-                            self.config.name, index, PENDING_WARN_S, self._demand(),
-                            ray.available_resources())
+                self._report_pending(index, actor)
         except Exception as e:
             log.error("replica-%d of %s failed to start: %s", index, self.config.name, e)
             raise
         finally:
             self._starting.pop(index, None)
-        self.host.add_replica(self._client_class(actor, index))
+        self.host.add_replica(self._client_class(actor, index,
+                                                 self.config.replicas.batch_timeout_s))
+
+    def _report_pending(self, index: int, actor: Any) -> None:
+        """Warn about a replica that is not placed (normal while an autoscaler adds a node;
+        silent pending is not); one that is placed and still building its model is not a
+        problem to warn about (a slow setup on a busy machine): that is logged at INFO."""
+        if _placed(actor):
+            log.info("%s replica-%d is placed and still starting after %.0f s",
+                     self.config.name, index, PENDING_WARN_S)
+            return
+        log.warning("%s replica-%d is not placed after %.0f s: it asks for %s; the cluster "
+                    "has %s free. Lower replicas.num_cpus/num_gpus or add nodes.",
+                    self.config.name, index, PENDING_WARN_S, self._demand(),
+                    ray.available_resources())
 
     def _check_ready(self, index: int, actor: Any, info: dict[str, Any]) -> None:
         """Fail the start when the replica could not build its model; log time to ready."""

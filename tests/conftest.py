@@ -183,6 +183,22 @@ def gate(app: App):
         app.stats("gated")), timeout_s=30, what="the gated model to finish")
 
 
+def alive_pids(prefix: str, suffix: str = "") -> list[int]:
+    """Pids of the live actors named `prefix...suffix`, from the GCS (the tests share the
+    node with the cluster, so they can signal them or read their memory)."""
+    from ray._private.state import actors
+
+    return [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["Pid"]
+            and a["Name"].startswith(prefix) and a["Name"].endswith(suffix)]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process `pid` (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
 def arun(coro, timeout_s: float = 120.0):
     """Run a coroutine in a fresh event loop, bounded."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))

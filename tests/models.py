@@ -9,6 +9,10 @@
 - `TokenStats`: ragged token ids (padded with -1 by the batcher) and a weight per
   item in; each item's own length, weighted sum and the batch's padded length out,
   so a test sees both that padding happened and that it never leaked into a result.
+- `HangOnNegative`: y = x + 1, but a batch with a negative item never ends: a hung
+  model (the batch timeout tests).
+- `FailNegative`: y = x + 1, but a negative item fails alone (`ItemFailed`): only
+  the requests that carry one fail, their batch-mates get their answers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from batching.ledger import ItemFailed
 from batching.model import VectorTransformer
 
 
@@ -64,3 +69,26 @@ class TokenStats(VectorTransformer):
         return {"length": real.sum(axis=1),
                 "total": np.where(real, ids, 0).sum(axis=1).astype(np.float32) * weight,
                 "padded_to": np.full(len(ids), ids.shape[1], dtype=np.int64)}
+
+
+class HangOnNegative(VectorTransformer):
+    """FP32 [-1] → x + 1; a batch holding a negative item hangs (until the process dies)."""
+
+    def preprocess(self, items: Sequence[Any]) -> np.ndarray:
+        return np.asarray(items, dtype=np.float32)
+
+    def transform(self, xs: np.ndarray) -> np.ndarray:
+        while (xs < 0).any():
+            time.sleep(0.1)
+        return xs + 1
+
+
+class FailNegative(VectorTransformer):
+    """FP32 [-1] → x + 1 per item; a negative item fails alone with ValueError."""
+
+    def preprocess(self, items: Sequence[Any]) -> np.ndarray:
+        return np.asarray(items, dtype=np.float32)
+
+    def transform(self, xs: np.ndarray) -> list[Any]:
+        return [ItemFailed(ValueError(f"negative input {x}: this model takes x >= 0"))
+                if x < 0 else np.float32(x + 1) for x in xs]

@@ -11,11 +11,13 @@ Dispatch: a batch goes to the replica with the fewest batches outstanding,
 at most `max_inflight` per replica (pipelining: the next batch waits at the
 replica while the current one runs). A replica that dies (`ReplicaDied`) is
 removed; its batches are retried once on another replica, then fail with
-`WorkerDied`. A request ends exactly once: the ledger drops late parts.
-Every submit of one event-loop tick is batched together (the pump runs once
-per tick), which costs no added wait. Metrics: the `recorder` it is handed gets
-one value per batch sent and per batch back (`batching.metrics`); outcomes are
-counted per request in a dict and sampled with `snapshot()`.
+`WorkerDied`; the batch of a replica that hung (`ReplicaHung`, past its time limit)
+is not retried: its requests fail with the client's error. A request ends exactly
+once: the ledger drops late parts. Every submit of one event-loop tick is batched
+together (the pump runs once per tick), which costs no added wait. Metrics: the
+`recorder` it is handed gets one value per batch sent and per batch back
+(`batching.metrics`); outcomes are counted per request in a dict and sampled with
+`snapshot()`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from batching.dynamic.batcher import DynamicBatcher
 from batching.dynamic.policy import DynamicPolicy
 from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
-from batching.loop import Dispatched, LoopHost, OpenRequest, ReplicaDied, ReplicaSlot
+from batching.loop import (
+    Dispatched,
+    LoopHost,
+    OpenRequest,
+    ReplicaDied,
+    ReplicaHung,
+    ReplicaSlot,
+)
 from batching.metrics import (
     NULL_RECORDER,
     BatchDone,
@@ -249,10 +258,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
             log.error("replica %s died: %s", slot.client.name, error)
             self.remove_replica(slot.client)
             self._on_replica_died(slot.client)
-        if sent.retried:
+        if sent.retried or isinstance(error, ReplicaHung):
+            why = error.error if isinstance(error, ReplicaHung) else WorkerDied(
+                f"two replicas died running this request (last: {error}); not retried again")
             self._finish(batch, None)
-            self._settle(self.ledger.fail_batch(batch, WorkerDied(
-                f"two replicas died running this request (last: {error}); not retried again")))
+            self._settle(self.ledger.fail_batch(batch, why))
             self._schedule_pump()
             return
         sent.retried = True

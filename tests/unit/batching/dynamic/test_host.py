@@ -13,6 +13,8 @@ import pytest
 
 from batching import Cancelled, DynamicPolicy, ServiceClosed, WorkerDied
 from batching.dynamic.host import BatchHost, ReplicaDied
+from batching.errors import BatchTimedOut
+from batching.loop import ReplicaHung
 from batching.types import Request
 
 
@@ -170,6 +172,34 @@ def test_a_batch_whose_second_replica_dies_too_fails_with_worker_died():
         assert died == ["a", "b"] and host.replicas == [c]
         assert c.calls == []  # not tried a third time
         assert host.stats()["fail"]["count"] == 2
+    run(main())
+
+
+def test_a_hung_batch_fails_with_its_timeout_alone_and_its_replica_is_replaced():
+    """The client stops a replica whose batch ran past batch_timeout_s: that batch fails
+    with BatchTimedOut (not retried: it would hang again); the replica's other batch,
+    waiting behind it, runs on another replica; the pool is told to replace it."""
+    async def main():
+        a, b = FakeReplica("a"), FakeReplica("b")
+        host, died = make_host(b, max_batch_size=2)
+        host.add_replica(a)
+        host.remove_replica(b)  # everything goes to a first
+        futs = [submit(host, i, i) for i in range(4)]
+        await spin()
+        assert a.pending() == [[0, 1], [2, 3]]
+        host.add_replica(b)
+        a.fail(ReplicaHung("a: hung", BatchTimedOut("ran past batch_timeout_s=1 s")))
+        a.die()  # the kill ends its other batch too
+        await spin()
+        for f in futs[:2]:
+            with pytest.raises(BatchTimedOut, match="batch_timeout_s"):
+                f.result()
+        assert died == ["a"] and host.replicas == [b]
+        assert b.pending() == [[2, 3]]  # retried, not failed with its batch-mate
+        b.finish()
+        await spin()
+        assert [f.result() for f in futs[2:]] == ["b:4", "b:9"]
+        assert host.stats()["open_requests"] == 0 and host.replica_deaths == 1
     run(main())
 
 

