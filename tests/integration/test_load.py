@@ -3,7 +3,7 @@
 An app of its own (`load`, beside the shared one), one ingress replica, two models in
 batching actors:
 - `sq`: x -> x² (deployments.models:Square), batches of 32. The soak sends
-  RAYBATCH_SOAK_REQUESTS requests (default 4,000; the issue's full run is 100,000),
+  RAYBATCH_SOAK_REQUESTS requests (default 2,000; the issue's full run is 100,000),
   half through HTTP (Serve's proxy and the fast path, alternately), half through a
   `RaybatchClient`, 32 at a time on each path, and cancels 5% of them at a random
   moment (the HTTP client hangs up; the client's task is cancelled). Each request
@@ -14,7 +14,7 @@ batching actors:
   so that 10x its capacity is the model's overload, not the 2-core test machine's HTTP
   front's, which would queue before the model's bound). The overload sends 10x that,
   open loop (at a fixed rate, whatever the answers), for RAYBATCH_OVERLOAD_S seconds
-  (default 10; the issue's full run is 30): every answer is 200 with its own result or
+  (default 6; the issue's full run is 30): every answer is 200 with its own result or
   429/503 with Retry-After and {"error": ...}; the accepted requests' p99 stays under
   the ingress's default_timeout_s plus the batches sent ahead of theirs; the resident
   memory of the ingress replica and of the batching actor is flat (printed); and right
@@ -39,8 +39,8 @@ from tests.conftest import alive_pids, arun, direct_url, rss_bytes
 pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 NAME, PREFIX = "load", "/load"
-SOAK_REQUESTS = int(os.environ.get("RAYBATCH_SOAK_REQUESTS", "4000"))
-OVERLOAD_S = float(os.environ.get("RAYBATCH_OVERLOAD_S", "10"))
+SOAK_REQUESTS = int(os.environ.get("RAYBATCH_SOAK_REQUESTS", "2000"))
+OVERLOAD_S = float(os.environ.get("RAYBATCH_OVERLOAD_S", "6"))
 CANCEL_FRACTION = 0.05
 CONCURRENCY = 32  # per path
 SLOW_BATCH, SLOW_DELAY_MS = 4, 500.0
