@@ -133,7 +133,6 @@ def finite(result: list[dict]) -> bool:
 def test_every_dashboard_expression_returns_data_from_a_real_prometheus(app, prometheus):
     start = time.time()
     traffic(app, seconds=6)
-    end = time.time()
     exprs = expressions(render_dashboard(app.config))
     substituted = []
     for title, expr in exprs:
