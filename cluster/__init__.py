@@ -1,6 +1,8 @@
 """The machine and the cluster: configuration, topology, placement, rendering, the CLI.
 
     config.py     RaybatchConfig: the one YAML file (models, batching, replicas, ingress)
+    tensorspec.py a model's declared tensors (datatype, shape, ragged axis), part of it
+    appsettings.py the app-wide part of it: ingress (ports, limits, drain, logging), metrics
     modelpath.py  a user's model class: python_path, importing it with errors that say
                   what to fix, and whether it fits its batching kind
     topology.py   NUMA nodes, cores, SMT siblings, GPUs, cgroup limits, read from sysfs

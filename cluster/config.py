@@ -36,15 +36,20 @@ from pydantic import (
 from batching.dynamic.policy import DynamicPolicy, QueuePolicy
 from batching.iterative.policy import IterativePolicy
 from batching.sequence.policy import SequencePolicy
+
+# Parts of the config in modules of their own, re-exported: callers find them here.
+from cluster.appsettings import IngressConfig as IngressConfig
+from cluster.appsettings import MetricsConfig as MetricsConfig
 from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
 from cluster.modelpath import ConfigError as ConfigError
 from cluster.modelpath import import_object as import_object
+from cluster.tensorspec import DATATYPES as DATATYPES
+from cluster.tensorspec import RaggedConfig as RaggedConfig
+from cluster.tensorspec import TensorConfig as TensorConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BYTES")
 
 
 # Import paths users wrote that have moved: the new home, named in the error.
@@ -52,63 +57,6 @@ MOVED_MODULES = {
     "deployments.stateful_models": "deployments.models",
     "deployments.tinylm": "deployments.models",
 }
-
-
-class RaggedConfig(BaseModel):
-    """How items of one tensor that differ in length share a batch."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mode: Literal["pad", "list"] = "pad"
-    """pad: every item is padded to the batch's longest along `axis` with `pad_value`;
-    list: the model gets this tensor as a list of per-item arrays, unpadded."""
-    axis: int = Field(default=1, ge=1)
-    """The dim that varies (0 is the batch dim); it must be -1 in the tensor's shape."""
-    pad_value: float | int | str = 0
-    """What padding holds (a string for BYTES tensors)."""
-
-
-class TensorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    """Tensor name as clients send it (Triton's INPUT0/OUTPUT0 style)."""
-    datatype: str
-    """Open Inference Protocol datatype: FP32, INT64, BYTES ..."""
-    shape: tuple[int, ...]
-    """Shape with the leading batch dimension; -1 for a variable dimension."""
-    ragged: RaggedConfig | None = None
-    """For an input whose items differ in length (a -1 dim after the batch dim): padded
-    in each batch, or handed over as a list. None: requests in one batch must agree."""
-
-    @field_validator("datatype")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v.upper() not in DATATYPES:
-            raise ValueError(f"datatype={v!r} is not one of {', '.join(DATATYPES)}")
-        return v.upper()
-
-    @field_validator("shape")
-    @classmethod
-    def _batch_dim(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or v[0] != -1:
-            raise ValueError(f"shape={list(v)} must start with -1, the batch dimension")
-        if any(d < -1 or d == 0 for d in v):
-            raise ValueError(f"shape={list(v)}: dimensions must be -1 or >= 1")
-        return v
-
-    @model_validator(mode="after")
-    def _ragged_axis(self) -> TensorConfig:
-        r = self.ragged
-        if r is not None and r.mode == "pad" and (
-                r.axis >= len(self.shape) or self.shape[r.axis] != -1):
-            raise ValueError(f"tensor {self.name!r}: ragged.axis={r.axis} must name a -1 dim "
-                             f"after the batch dim of shape={list(self.shape)}")
-        if r is not None and isinstance(r.pad_value, str) != (self.datatype == "BYTES"):
-            raise ValueError(f"tensor {self.name!r}: ragged.pad_value={r.pad_value!r} must be "
-                             f"{'a string' if self.datatype == 'BYTES' else 'a number'} "
-                             f"for datatype {self.datatype}")
-        return self
 
 
 class ReplicaConfig(BaseModel):
@@ -373,66 +321,6 @@ def _bound_levels(policy: DynamicPolicy, bound: int) -> DynamicPolicy:
         "default_queue_policy": fill(policy.default_queue_policy),
         "priority_queue_policy": {k: fill(q) for k, q in policy.priority_queue_policy.items()},
     })
-
-
-class IngressConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    num_replicas: int = Field(default=1, ge=1)
-    """Serve replicas of the HTTP/handle ingress."""
-    num_cpus: float = Field(default=0.5, ge=0)
-    max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
-    """Largest request body accepted; larger ones get HTTP 413, as soon as the body
-    passes it (the rest is not read)."""
-    body_timeout_s: float = Field(default=30.0, gt=0)
-    """Longest wait for the next piece of a request body; a body that stalls longer
-    gets HTTP 408."""
-    max_header_count: int = Field(default=100, ge=8)
-    """Most request headers; more get HTTP 431."""
-    max_header_bytes: int = Field(default=16 * 2**10, ge=1024)
-    """Most bytes of request headers, names and values; more get HTTP 431."""
-    max_items_per_request: int = Field(default=65_536, ge=1)
-    """Most items (the leading, batch dim) in one infer request; more get HTTP 413."""
-    max_elements_per_request: int = Field(default=2**26, ge=1)
-    """Most tensor elements (the inputs' shape products, summed) in one infer request,
-    checked from the shapes before anything is allocated; more get HTTP 413."""
-    max_streams_per_client: int = Field(default=16, ge=1)
-    """Most generate_stream (SSE) responses one client address holds open at once;
-    more get HTTP 429 with Retry-After."""
-    max_inflight_requests: int = Field(default=2048, ge=1)
-    """Most HTTP requests one ingress replica serves at once; more get HTTP 503 with
-    Retry-After. It bounds the fast path too, where Serve's max_ongoing_requests does
-    not look."""
-    route_prefix: str = "/"
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    default_timeout_s: float | None = Field(default=None, gt=0)
-    """Deadline of a request that names none; None: no deadline."""
-    grpc_port: int | None = Field(default=9000, ge=1, le=65535)
-    """Port of the KServe v2 / Triton gRPC service (Serve's gRPC proxy); None: no gRPC."""
-    drain_timeout_s: float = Field(default=15.0, gt=0)
-    """On delete or redeploy: how long the batching actors may take to finish the requests
-    they accepted (new ones get 503) before what is left fails with 503."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
-    """Log level of the app's Serve deployments. Below INFO, Serve skips the access-log
-    record it otherwise builds for every request, even with `access_log: false`."""
-    access_log: bool = False
-    """Serve's access log, one line per request (it then logs at INFO at least)."""
-    haproxy: bool = True
-    """`raybatch up` starts Ray with Serve's HAProxy on the HTTP port, in front of the
-    ingress replicas' own ports (`RAY_SERVE_ENABLE_HA_PROXY=1`); False: Serve's proxy.
-    HAProxy binds the replicas' ports on all interfaces. See `cluster.render.serve_environment`."""
-
-
-class MetricsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    enabled: bool = True
-    """Record the raybatch_* series with ray.util.metrics (exported by every Ray node on
-    its metrics port as ray_raybatch_*); false records nothing."""
-    interval_s: float = Field(default=1.0, gt=0, le=60)
-    """How often each batching actor samples its queue depths, replicas and counts. Ray
-    itself exports every metrics_report_interval_ms (10 s by default)."""
 
 
 class RaybatchConfig(BaseModel):

@@ -1,0 +1,72 @@
+"""Application-wide settings: the ingress (ports, request limits, drain, Serve's
+logging and HAProxy switch) and metrics.
+
+Part of the config (`cluster.config` re-exports them); one place for what is set once
+per app rather than per model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class IngressConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_replicas: int = Field(default=1, ge=1)
+    """Serve replicas of the HTTP/handle ingress."""
+    num_cpus: float = Field(default=0.5, ge=0)
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
+    """Largest request body accepted; larger ones get HTTP 413, as soon as the body
+    passes it (the rest is not read)."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for the next piece of a request body; a body that stalls longer
+    gets HTTP 408."""
+    max_header_count: int = Field(default=100, ge=8)
+    """Most request headers; more get HTTP 431."""
+    max_header_bytes: int = Field(default=16 * 2**10, ge=1024)
+    """Most bytes of request headers, names and values; more get HTTP 431."""
+    max_items_per_request: int = Field(default=65_536, ge=1)
+    """Most items (the leading, batch dim) in one infer request; more get HTTP 413."""
+    max_elements_per_request: int = Field(default=2**26, ge=1)
+    """Most tensor elements (the inputs' shape products, summed) in one infer request,
+    checked from the shapes before anything is allocated; more get HTTP 413."""
+    max_streams_per_client: int = Field(default=16, ge=1)
+    """Most generate_stream (SSE) responses one client address holds open at once;
+    more get HTTP 429 with Retry-After."""
+    max_inflight_requests: int = Field(default=2048, ge=1)
+    """Most HTTP requests one ingress replica serves at once; more get HTTP 503 with
+    Retry-After. It bounds the fast path too, where Serve's max_ongoing_requests does
+    not look."""
+    route_prefix: str = "/"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    default_timeout_s: float | None = Field(default=None, gt=0)
+    """Deadline of a request that names none; None: no deadline."""
+    grpc_port: int | None = Field(default=9000, ge=1, le=65535)
+    """Port of the KServe v2 / Triton gRPC service (Serve's gRPC proxy); None: no gRPC."""
+    drain_timeout_s: float = Field(default=15.0, gt=0)
+    """On delete or redeploy: how long the batching actors may take to finish the requests
+    they accepted (new ones get 503) before what is left fails with 503."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
+    """Log level of the app's Serve deployments. Below INFO, Serve skips the access-log
+    record it otherwise builds for every request, even with `access_log: false`."""
+    access_log: bool = False
+    """Serve's access log, one line per request (it then logs at INFO at least)."""
+    haproxy: bool = True
+    """`raybatch up` starts Ray with Serve's HAProxy on the HTTP port, in front of the
+    ingress replicas' own ports (`RAY_SERVE_ENABLE_HA_PROXY=1`); False: Serve's proxy.
+    HAProxy binds the replicas' ports on all interfaces. See `cluster.render.serve_environment`."""
+
+
+class MetricsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    """Record the raybatch_* series with ray.util.metrics (exported by every Ray node on
+    its metrics port as ray_raybatch_*); false records nothing."""
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+    """How often each batching actor samples its queue depths, replicas and counts. Ray
+    itself exports every metrics_report_interval_ms (10 s by default)."""
