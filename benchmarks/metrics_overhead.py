@@ -94,6 +94,11 @@ async def drive(client: Any, model: str, args: argparse.Namespace) -> dict[str, 
         raise RuntimeError(f"{r.errors} errors, first: {r.first_error}")
     n = max(r.requests, 1)
     by_title = {k: v / n * 1e6 for k, v in (poller.server_cpu_s() or {}).items()}
+    return point(r, by_title)
+
+
+def point(r: Any, by_title: dict[str, float]) -> dict[str, float]:
+    """One measured point: throughput, latency, and CPU per request by process group."""
     out = {"rps": r.throughput_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
            "client_us_per_req": r.client_cpu_us_per_req,
            "ray_us_per_req": sum(by_title.values())}
@@ -120,13 +125,7 @@ async def drive_http(url: str, model: str, args: argparse.Namespace) -> dict[str
     n = max(r.requests, 1)
     by_title = {k: (cpu1[k] - cpu0.get(k, 0.0)) / n * 1e6 for k in cpu1
                 if cpu1[k] - cpu0.get(k, 0.0) > 0 and "wrk" not in k}
-    out = {"rps": r.throughput_rps, "p50_ms": r.p50_ms, "p99_ms": r.p99_ms,
-           "client_us_per_req": r.client_cpu_us_per_req,
-           "ray_us_per_req": sum(by_title.values())}
-    out.update({f"cpu_us:{group(k)}": 0.0 for k in by_title})
-    for k, v in by_title.items():
-        out[f"cpu_us:{group(k)}"] += v
-    return out
+    return point(r, by_title)
 
 
 def group(title: str) -> str:

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batching.errors import InvalidRequest, RaybatchError, portable
+from batching.errors import InvalidRequest, RaybatchError
 from batching.metrics import NULL_RECORDER
 from batching.types import Request
 from cluster.config import MetricsConfig, ModelConfig
+from deployments.hosts import bundle_outcome
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats
@@ -143,14 +144,7 @@ class LocalEngine:
                 out.append((key, None, e))
         if keys:
             await asyncio.wait(keys)
-        for fut, key in keys.items():
-            error = fut.exception()
-            if error is None:
-                out.append((key, fut.result(), None))
-            else:
-                out.append((key, None, error if isinstance(error, RaybatchError)
-                            else portable(error)))
-        return out
+        return out + [bundle_outcome(key, fut) for fut, key in keys.items()]
 
     async def stats(self) -> dict[str, Any]:
         await self.start()

@@ -33,12 +33,12 @@ from typing import Any
 
 import ray
 
-from batching.errors import Draining, InvalidRequest, RaybatchError, portable
+from batching.errors import Draining, InvalidRequest, RaybatchError
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
-from deployments.hosts import Host, make_host, model_kind, submit_bundle_item
+from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
 
@@ -135,7 +135,7 @@ class BatcherActor:
                 if caller is not None:
                     for key, _ in opened.values():
                         by_key.pop((caller, key), None)
-        out += [_outcome(key, f) for f, (key, _) in opened.items()]
+        out += [bundle_outcome(key, f) for f, (key, _) in opened.items()]
         return out
 
     async def cancel(self, caller: str, keys: list[Any]) -> int:
@@ -227,8 +227,3 @@ def shard_config(config: ModelConfig) -> ModelConfig:
     return config.model_copy(update={"replicas": share}).bounded()
 
 
-def _outcome(key: Any, fut: asyncio.Future) -> Outcome:
-    error = fut.exception()
-    if error is None:
-        return key, fut.result(), None
-    return key, None, error if isinstance(error, RaybatchError) else portable(error)

@@ -17,7 +17,7 @@ from typing import Any
 
 from batching.dynamic.host import BatchHost
 from batching.dynamic.policy import DynamicPolicy
-from batching.errors import InvalidRequest
+from batching.errors import InvalidRequest, RaybatchError, portable
 from batching.iterative.host import IterativeHost
 from batching.metrics import NULL_RECORDER, Recorder
 from batching.sequence.batcher import SequenceRequest
@@ -86,3 +86,11 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
                              "(POST /v2/models/{name}/generate)")
     return host.submit(Request(request_id, items, False, priority, timeout_s, len(items)))
 
+
+def bundle_outcome(key: Any, fut: asyncio.Future) -> tuple[Any, Any, BaseException | None]:
+    """A bundle entry's answer, `(key, value, error)`, from its ended future; errors that
+    are not Raybatch's own travel as `portable` copies (they cross a Ray call)."""
+    error = fut.exception()
+    if error is None:
+        return key, fut.result(), None
+    return key, None, error if isinstance(error, RaybatchError) else portable(error)
