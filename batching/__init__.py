@@ -19,7 +19,8 @@ The shared core (this folder)
 
 One subpackage per kind of batching, each a policy (settings), an engine (a state
 machine handed `now`) and a host (the asyncio loop around it)
-    dynamic/      stateless models: DynamicPolicy, DynamicBatcher, BatchHost
+    dynamic/      stateless models: DynamicPolicy, DynamicBatcher, BatchHost (and the
+                  deadline admission: ServiceRate)
     sequence/     stateful models: SequencePolicy, SequenceBatcher, SequenceHost,
                   StatefulTransformer and the replica-side StateStore
     iterative/    generative models: IterativePolicy, IterativeScheduler, IterativeHost,
@@ -43,6 +44,7 @@ from batching.errors import (
     Draining,
     InvalidRequest,
     ModelError,
+    Overloaded,
     QueueFull,
     RaybatchError,
     SequenceLost,
@@ -90,6 +92,7 @@ __all__ = [
     "ModelError",
     "NullRecorder",
     "Outcome",
+    "Overloaded",
     "Part",
     "QueueFull",
     "QueuePolicy",

@@ -29,6 +29,20 @@ class QueueFull(RaybatchError):
     http_status = 429
 
 
+class Overloaded(QueueFull):
+    """The model cannot serve the request before its deadline at the rate it measurably
+    drains its queue: refused at submit, or shed from the queue before it ran (nothing of
+    it ran: safe to retry). `retry_after_s`: when the work ahead of it should have drained
+    enough (`batching.dynamic.admission`)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):  # pickled with its hint (errors cross Ray calls)
+        return type(self), (str(self), self.retry_after_s)
+
+
 class DeadlineExceeded(RaybatchError, TimeoutError):
     """The request's deadline passed before it could be run; it never reached a model."""
 

@@ -17,10 +17,13 @@ level's `timeout_action=delay`. When to send, checked in this order:
   delay      the oldest request waited `max_queue_delay_s` (or, with
              `adaptive_delay`, waiting for one more request would miss its target).
 Expired requests are failed (or delayed) before anything is formed, so nothing
-expired reaches a replica. A request that does not fit is split: the batch
-takes what fits and the rest stays at the head of its queue. With
-`group_by_length` a batch starts with the same request and takes the queued
-requests nearest to it in length as its batch-mates (`grouping.by_length`).
+expired reaches a replica. With `deadline_admission` (`admission.py`), a request that
+cannot finish by its deadline at the measured service rate is refused at submit,
+and a queued one that no longer can is shed (`Overloaded`) before it runs.
+A request that does not fit is split: the batch takes what fits and the rest
+stays at the head of its queue. With `group_by_length` a batch starts with the
+same request and takes the queued requests nearest to it in length as its
+batch-mates (`grouping.by_length`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from batching.dynamic.admission import Admission
 from batching.dynamic.grouping import by_length
 from batching.dynamic.policy import DynamicPolicy, TimeoutAction
 from batching.dynamic.queues import Entry, LevelQueue, cumulative_costs
@@ -62,6 +66,7 @@ class DynamicBatcher:
         self._items = 0
         self._cost = 0.0
         self._inflight: dict[int, Batch] = {}
+        self._inflight_cost = 0.0
         self._failures: list[Failure] = []
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -73,6 +78,11 @@ class DynamicBatcher:
         self._limits = [(q.max_queue_size, q.default_timeout_s or math.inf,
                          q.allow_timeout_override)
                         for q in map(policy.queue_policy, range(1, policy.priority_levels + 1))]
+        self._admission = Admission(
+            [policy.queue_policy(i).timeout_action is TimeoutAction.DELAY
+             for i in range(1, policy.priority_levels + 1)],
+            self.latency) if policy.deadline_admission else None
+        self._shed_due = False  # the service rate or the work in flight changed
         self._last_arrival_s: float | None = None
         self._interarrival_s = math.inf
         self._request_cost = 1.0
@@ -121,12 +131,15 @@ class DynamicBatcher:
         cum_cost = cumulative_costs(request, self.policy.cost_fn, self._max_cost)
         entry = Entry(request, level, now, now + self._timeout_of(request, level),
                       next(self._seq), cum_cost)
+        cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
+        if self._admission is not None:  # Overloaded: it cannot finish in time
+            self._admission.check(entry, self._levels, self._inflight_cost, cost, now)
         if self._length_fn is not None:
             entry.length = float(self._length_fn(request.items))
         queue.push(entry)
         queue.items += request.num_items
+        queue.cost += cost
         self._queued[request.id] = entry
-        cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
         self._items += request.num_items
         self._cost += cost
         self._note_arrival(now, cost)
@@ -147,6 +160,18 @@ class DynamicBatcher:
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise KeyError(f"batch {batch_id} is not in flight (completed twice?)")
+        self._inflight_cost -= batch.cost
+        if not self._inflight:
+            self._inflight_cost = 0.0  # no float drift left over
+        if self._admission is not None:
+            rate, busy = self._admission.rate, bool(self._inflight)
+            if failed:
+                rate.failed(busy, now)
+            else:
+                full = (batch.num_items >= self.policy.max_batch_size
+                        or batch.cost >= self._max_cost - 1e-9)
+                rate.completed(now, batch.cost, full, busy)
+            self._shed_due = True
         if not failed:
             latency_s = compute_s if compute_s is not None else now - batch.created_s
             self.latency.observe(batch.cost, latency_s)
@@ -160,6 +185,8 @@ class DynamicBatcher:
     def next_batch(self, now: float, free_replicas: int) -> Batch | None:
         """The batch to run now, or None: nothing is due or no replica is free."""
         self._expire(now)
+        if self._admission is not None and (self._shed_due or free_replicas > 0):
+            self._shed(now)
         self._blocked = free_replicas <= 0
         if self._blocked or not self._queued:
             return None
@@ -202,6 +229,12 @@ class DynamicBatcher:
                     "deadline before it could run; raise its timeout or add replicas"
                 )))
 
+    def _shed(self, now: float) -> None:
+        self._shed_due = False
+        for entry, error in self._admission.shed(self._levels, self._inflight_cost, now):
+            self._remove(entry)
+            self._failures.append(Failure(entry.request.id, error))
+
     def _due(self, now: float) -> tuple[FlushReason, int] | None:
         p = self.policy
         if self._draining:
@@ -239,6 +272,7 @@ class DynamicBatcher:
                 room_items -= take
                 room_cost -= cost
                 queue.items -= take
+                queue.cost -= cost
                 batch_cost += cost
                 self._items -= take
                 self._cost -= cost
@@ -257,7 +291,10 @@ class DynamicBatcher:
             reason=reason,
             created_s=now,
         )
+        if self._admission is not None:
+            self._admission.rate.sent(now, idle=not self._inflight)
         self._inflight[batch.id] = batch
+        self._inflight_cost += batch_cost
         self.stats.record(batch)
         return batch
 
@@ -308,6 +345,7 @@ class DynamicBatcher:
         queue = self._levels[entry.level - 1]
         queue.count -= 1
         queue.items -= entry.remaining_items
+        queue.cost -= entry.remaining_cost
         self._items -= entry.remaining_items
         self._cost -= entry.remaining_cost
         del self._queued[entry.request.id]

@@ -74,6 +74,12 @@ class DynamicPolicy(BaseModel):
     """Queue policy of every level not named in `priority_queue_policy`."""
     priority_queue_policy: dict[int, QueuePolicy] = Field(default_factory=dict)
     """Queue policy per level, overriding `default_queue_policy`."""
+    deadline_admission: bool = True
+    """Refuse at once (Overloaded: HTTP 429 with Retry-After) a request with a deadline
+    that the model cannot serve in time at its measured service rate, and shed a queued
+    one that can no longer make it, instead of letting it wait out its timeout
+    (`batching.dynamic.admission`). Levels with `timeout_action=delay` are exempt. False:
+    such requests wait until their deadline passes (DeadlineExceeded, HTTP 504)."""
     preserve_ordering: bool = False
     """Release responses in the order requests arrived."""
     adaptive_delay: bool = False

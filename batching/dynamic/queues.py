@@ -66,10 +66,13 @@ class LevelQueue:
     delayed: deque[Entry] = field(default_factory=deque)
     count: int = 0  # requests queued here, partly dispatched ones included
     items: int = 0  # their items not yet dispatched
+    cost: float = 0.0  # and those items' cost
+    latest_deadline_s: float = -math.inf  # of every entry pushed (none is ever later)
 
     def push(self, entry: Entry) -> None:
         heapq.heappush(self.live, (entry.deadline_s, entry.seq, entry))
         self.count += 1
+        self.latest_deadline_s = max(self.latest_deadline_s, entry.deadline_s)
 
     def head(self) -> Entry | None:
         """The next entry to dispatch, skipping removed ones."""
@@ -87,6 +90,11 @@ class LevelQueue:
         while live and live[0][2].removed:
             heapq.heappop(live)
         return live[0][0] if live else math.inf
+
+    def in_order(self) -> list[Entry]:
+        """The entries still queued, in the order they are served."""
+        live = [e for _, _, e in sorted(self.live, key=lambda t: t[:2]) if not e.removed]
+        return live + [e for e in self.delayed if not e.removed]
 
     def pop_expired(self, now: float) -> list[Entry]:
         """Entries of `live` whose deadline is at or before `now`, earliest first."""

@@ -72,6 +72,9 @@ def policies(draw) -> tuple[DynamicPolicy, str]:
         priority_queue_policy=draw(st.dictionaries(st.integers(1, levels), queue_policies,
                                                    max_size=levels)),
         preserve_ordering=draw(st.booleans()),
+        # The model below knows plain queue deadlines; deadline admission (refusing and
+        # shedding by the measured rate) has its own tests: test_admission.py.
+        deadline_admission=False,
         adaptive_delay=mode == "adaptive",
         target_latency_s=draw(st.sampled_from([1.0, 2.5])) if mode == "adaptive" else None,
     )

@@ -126,9 +126,15 @@ def test_trace_file_names_a_bad_line(tmp_path):
 
 def test_expired_and_rejected_requests_are_counted():
     at_once = Trace((0.0,) * 10)
+    r = simulate(policy(max_batch_size=1, deadline_admission=False), at_once,
+                 latency_a_s=0.010, latency_b_s=0.0, timeout_s=0.025)
+    # the third runs 20-30 ms, past its deadline (25 ms): queue deadlines bound the wait
+    assert (r.completed, r.failed, r.unfinished) == (3, {"DeadlineExceeded": 7}, 0)
     r = simulate(policy(max_batch_size=1), at_once, latency_a_s=0.010, latency_b_s=0.0,
                  timeout_s=0.025)
-    assert (r.completed, r.failed, r.unfinished) == (3, {"DeadlineExceeded": 7}, 0)
+    # deadline admission: once the first batch measured the rate (10 ms), every request
+    # that would end past 25 ms is shed at once, the third included
+    assert (r.completed, r.failed, r.unfinished) == (2, {"Overloaded": 8}, 0)
 
     bounded = policy(max_batch_size=1, default_queue_policy=QueuePolicy(max_queue_size=4))
     r = simulate(bounded, at_once, latency_a_s=0.010, latency_b_s=0.0)

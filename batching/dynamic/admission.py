@@ -1,0 +1,174 @@
+"""Deadline admission: refuse at once what the model cannot serve before its deadline.
+
+A bounded queue alone still lets an accepted request wait for the whole queue, and
+under overload its deadline passes in the queue (a 504 after a full timeout, the
+worst answer a client can get). So the engine measures how fast its replicas drain
+work while they are kept busy (`ServiceRate`, cost per second), and predicts when a
+request would finish: now + (work in flight + work served before it + its own) /
+rate. A request predicted to finish past its deadline is refused at submit with
+`Overloaded` (HTTP 429, Retry-After: when that much work has drained); one already
+queued whose prediction no longer makes it (the rate dropped: a replica died, the
+first measurement came after a burst) is shed with the same error before it runs.
+Either way nothing ran, so a retry is safe; and what is accepted and kept finishes
+within its deadline as far as the measured rate holds (if it does not, the queue
+deadline still ends it with DeadlineExceeded before it runs).
+
+The rate: each batch that left full (`max_batch_size` items or `max_batch_cost`)
+and completed while work was in flight ever since the previous completion (or since
+it was sent, after an idle spell) is one sample, its cost over that time; the rate
+is the ratio of the samples' exponentially weighted means. Batches sent half empty
+(light load) say how much work there was, not how much could be done: they are not
+samples. Until the first sample there is no prediction: the queue bound alone holds.
+Pure: every call is handed `now`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batching.dynamic.queues import Entry, LevelQueue
+from batching.errors import Overloaded
+from batching.latency import LatencyModel
+
+_WEIGHT = 0.2  # of the newest sample in the weighted means
+
+
+@dataclass(slots=True)
+class ServiceRate:
+    """Cost per second the replicas drain while kept busy, measured from completions.
+
+    >>> r = ServiceRate()
+    >>> r.sent(now=0.0, idle=True)
+    >>> r.completed(now=0.5, cost=4, full=True, busy=True)
+    >>> r.completed(now=1.0, cost=4, full=True, busy=False)
+    >>> r.per_s
+    8.0
+    """
+
+    _cost: float = 0.0  # weighted mean cost of a sample (a full batch)
+    _unit_s: float = 0.0  # weighted mean seconds per unit of cost
+    samples: int = 0
+    _since: float | None = None  # start of the busy stretch the next sample measures
+
+    @property
+    def known(self) -> bool:
+        return self.samples > 0 and self._unit_s > 0 and self._cost > 0
+
+    @property
+    def per_s(self) -> float:
+        return 1.0 / self._unit_s if self.known else math.inf
+
+    @property
+    def batch_cost(self) -> float:
+        """The cost of a full batch, as measured."""
+        return self._cost
+
+    def sent(self, now: float, idle: bool) -> None:
+        """A batch left; `idle`: nothing was in flight before it (a busy stretch starts)."""
+        if idle:
+            self._since = now
+
+    def completed(self, now: float, cost: float, full: bool, busy: bool) -> None:
+        """A batch of `cost` came back (`full`: it left full); `busy`: work is still in
+        flight, so the next stretch starts now (else at the next `sent`)."""
+        since = self._since
+        if full and cost > 0 and since is not None and now > since:
+            unit = (now - since) / cost
+            if self.samples == 0:
+                self._cost, self._unit_s = cost, unit
+            else:
+                self._cost += _WEIGHT * (cost - self._cost)
+                self._unit_s += _WEIGHT * (unit - self._unit_s)
+            self.samples += 1
+        self._since = now if busy else None
+
+    def failed(self, busy: bool, now: float) -> None:
+        """A batch failed: no sample (a crash says nothing about the rate)."""
+        self._since = now if busy else None
+
+    def finish_s(self, now: float, work: float, batch_s: float = 0.0) -> float:
+        """When the last of `work` ends (cost: what is in flight, what is served before a
+        request, the request itself): whole batches, in-flight ones counted whole (an upper
+        bound), each taking a sample's mean time; plus, where replicas work in
+        parallel (a sample's time is then a share of a batch's), what one batch takes
+        beyond that share (`batch_s`: one batch's latency), since the last batch ends when
+        its replica's batch does, not a share later."""
+        cost = self._cost
+        each_s = cost * self._unit_s
+        batches = math.ceil(work / cost - 1e-9)
+        return now + batches * each_s + max(batch_s - each_s, 0.0)
+
+
+class Admission:
+    """The deadline checks of one engine: at submit (`check`) and on the queue (`shed`).
+    `exempt[i]`: level i+1 lets expired requests run late (timeout_action=delay)."""
+
+    def __init__(self, exempt: list[bool], latency: LatencyModel) -> None:
+        self.exempt = exempt
+        self.rate = ServiceRate()
+        self.latency = latency  # one batch's latency (for replicas in parallel)
+
+    def _finish_s(self, now: float, work: float) -> float:
+        rate = self.rate
+        return rate.finish_s(now, work, self.latency.predict(rate.batch_cost))
+
+    def check(self, entry: Entry, levels: list[LevelQueue], inflight_cost: float,
+              cost: float, now: float) -> None:
+        """Raise Overloaded if `entry` (not queued yet) cannot finish by its deadline."""
+        rate = self.rate
+        if entry.deadline_s == math.inf or self.exempt[entry.level - 1] or not rate.known:
+            return
+        own = levels[entry.level - 1]
+        work = inflight_cost + sum(q.cost for q in levels[:entry.level]) + cost
+        if self._finish_s(now, work) <= entry.deadline_s:
+            return
+        if entry.deadline_s < own.latest_deadline_s:  # served before some of its level
+            key = (entry.deadline_s, entry.seq)
+            work -= sum(e.remaining_cost for e in own.in_order()
+                        if e.delayed or (e.deadline_s, e.seq) > key)
+            if self._finish_s(now, work) <= entry.deadline_s:
+                return
+        raise refusal(self._finish_s(now, work) - now, rate.per_s,
+                      entry.deadline_s - entry.arrival_s)
+
+    def shed(self, levels: list[LevelQueue], inflight_cost: float,
+             now: float) -> list[tuple[Entry, Overloaded]]:
+        """The queued entries that can no longer finish by their deadline, in service order
+        with the work ahead of each (what is shed no longer counts as ahead)."""
+        rate = self.rate
+        if not rate.known:
+            return []
+        out = []
+        work = inflight_cost
+        for level, queue in enumerate(levels):
+            for entry in queue.in_order():
+                cost = entry.remaining_cost
+                work += cost
+                if self.exempt[level] or entry.deadline_s == math.inf or entry.delayed:
+                    continue
+                end_s = self._finish_s(now, work)
+                if end_s > entry.deadline_s:
+                    work -= cost  # shed: it no longer counts as ahead of the rest
+                    out.append((entry, shed_error(entry.request.id, now - entry.arrival_s,
+                                                  end_s - now, rate.per_s,
+                                                  entry.deadline_s - now)))
+        return out
+
+
+def refusal(wait_s: float, per_s: float, timeout_s: float) -> Overloaded:
+    """The error of a request refused at submit: it would end `wait_s` from now."""
+    return Overloaded(
+        f"the model is overloaded: this request would end in about {wait_s:.2f} s (the work "
+        f"ahead of it drains at {per_s:.1f}/s), past its timeout of {timeout_s:.2f} s; "
+        "retry later, or raise the timeout", retry_after_s=wait_s - timeout_s)
+
+
+def shed_error(request_id: object, waited_s: float, wait_s: float, per_s: float,
+               left_s: float) -> Overloaded:
+    """The error of a queued request shed because it can no longer end in time."""
+    return Overloaded(
+        f"request {request_id!r} was shed after {waited_s * 1e3:.0f} ms in the queue, before "
+        f"it ran: it would end in about {wait_s:.2f} s (the model drains {per_s:.1f}/s), past "
+        f"its deadline in {max(left_s, 0.0):.2f} s; retry later, or raise the timeout",
+        retry_after_s=wait_s - left_s)
