@@ -53,7 +53,7 @@ def raw_app() -> Any:
         def model(self, name: str, version: str | None = None) -> Any:
             return entry
 
-        async def infer(self, model: Any, request: Any) -> dict:
+        async def infer(self, model: Any, request: Any, received_s: Any = None) -> dict:
             return {"OUTPUT0": request.inputs["INPUT0"]}
 
     return OipApp(Backend(), HttpLimits())

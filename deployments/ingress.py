@@ -129,10 +129,11 @@ class ServeBackend:
     async def stats(self, model: ModelEntry) -> dict[str, Any]:
         return model_counters_json(model.spec, await self.raw_stats(model.name))
 
-    async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
+    async def infer(self, model: ModelEntry, request: InferRequest,
+                    received_s: float | None = None) -> dict[str, np.ndarray]:
         route = self.by_name[model.name].route
         return await route.run(route.input_array(request.inputs), request.priority,
-                               request.timeout_s, _sequence(request))
+                               request.timeout_s, _sequence(request), received_s)
 
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:

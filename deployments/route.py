@@ -20,13 +20,14 @@ batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 
-from batching.errors import InvalidRequest
+from batching.errors import InvalidRequest, Overloaded
 from batching.tensors import TensorBatch
 from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
@@ -81,12 +82,17 @@ class ModelRoute:
 
     async def run(self, array: np.ndarray | TensorBatch, priority: int | None,
                   timeout_s: float | None,
-                  sequence: tuple[Any, bool, bool] | None = None) -> dict[str, np.ndarray]:
+                  sequence: tuple[Any, bool, bool] | None = None,
+                  received_s: float | None = None) -> dict[str, np.ndarray]:
         """Submit one request's items; its outputs, or the error that ended it.
-        `sequence`: (sequence_id, start, end), for stateful models."""
+        `sequence`: (sequence_id, start, end), for stateful models. `received_s`: when
+        the request reached the server (`time.monotonic()`); its timeout counts from
+        then, so the time spent reading it is not granted again (default: now)."""
         default = self.default_timeout_s
         if default is not None:
             timeout_s = min(timeout_s, default) if timeout_s else default
+        if timeout_s and received_s is not None:
+            timeout_s = self._time_left(timeout_s, received_s)
         if self.kind == "sequence":
             control = self._control(array, sequence)
             shard = self.shards[shard_of(control[0], len(self.shards))]
@@ -99,6 +105,18 @@ class ModelRoute:
         shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
         value = await shard.submit(array, priority, timeout_s)
         return self.signature.result(value)
+
+    def _time_left(self, timeout_s: float, received_s: float) -> float:
+        """What is left of `timeout_s` since `received_s`; Overloaded (429) if nothing:
+        the server took the whole timeout to read the request, nothing of it ran."""
+        spent = time.monotonic() - received_s
+        if spent < timeout_s:
+            return timeout_s - spent
+        if self.metrics is not None:
+            self.metrics.count("queue_full")
+        raise Overloaded(f"the server took {spent:.2f} s to read this request, its whole "
+                         f"timeout of {timeout_s:.2f} s: it is overloaded; retry later, or "
+                         "raise the timeout", retry_after_s=spent - timeout_s)
 
     def _control(self, array: np.ndarray | TensorBatch,
                  sequence: tuple[Any, bool, bool] | None) -> tuple[Any, bool, bool]:

@@ -18,6 +18,7 @@ draining flag, and response counts for the metrics to read.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from deployments.http.backend import Backend, ModelEntry
@@ -45,10 +46,13 @@ UNMATCHED = "unmatched"
 class Call:
     """One request as a handler sees it: path parameters, headers, a body reader."""
 
-    __slots__ = ("app", "backend", "body_unread", "client", "headers", "params", "receive")
+    __slots__ = ("app", "backend", "body_unread", "client", "headers", "params", "receive",
+                 "received_s")
 
-    def __init__(self, app: OipApp, receive: Any, headers: dict[str, str], client: str) -> None:
+    def __init__(self, app: OipApp, receive: Any, headers: dict[str, str], client: str,
+                 received_s: float = 0.0) -> None:
         self.app = app
+        self.received_s = received_s  # time.monotonic() when the app got the request
         self.backend = app.backend
         self.receive = receive
         self.headers = headers
@@ -131,10 +135,12 @@ class OipApp:
                 self._idle.set()
 
     async def _serve(self, scope: dict, receive: Any, send: Any, zero_copy: bool) -> None:
+        received_s = time.monotonic()  # an infer request's timeout counts from here
         method, path = scope["method"], _route_path(scope)
         template, call, started = UNMATCHED, None, False
         try:
-            call = Call(self, receive, self._headers(scope["headers"]), _client(scope))
+            call = Call(self, receive, self._headers(scope["headers"]), _client(scope),
+                        received_s)
             route, call.params = self.router.match(method, path)
             template = route.template
             reply = await route.handler(call)

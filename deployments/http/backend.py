@@ -43,8 +43,11 @@ class Backend(Protocol):
         """`model`'s statistics as one `$model_stat` object of Triton's extension."""
         ...
 
-    async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
-        """The outputs of one parsed infer request, or the error that ended it."""
+    async def infer(self, model: ModelEntry, request: InferRequest,
+                    received_s: float | None = None) -> dict[str, np.ndarray]:
+        """The outputs of one parsed infer request, or the error that ended it.
+        `received_s`: when the request arrived (`time.monotonic()`); its timeout counts
+        from then."""
         ...
 
     async def generate(self, model: ModelEntry, text: Any,

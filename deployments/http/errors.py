@@ -13,6 +13,7 @@ a hostile client cannot flood the log.
 from __future__ import annotations
 
 import logging
+import math
 
 from batching.errors import InvalidRequest, RaybatchError, http_status
 from deployments.protocol import error_body
@@ -79,8 +80,9 @@ def error_parts(exc: BaseException) -> tuple[int, bytes, list[tuple[bytes, bytes
     """(status, body, headers) for `exc`: the only place an error becomes a response."""
     status = http_status(exc)
     headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
-    if status in (429, 503):
-        headers.append((b"retry-after", b"1"))
+    if status in (429, 503):  # whole seconds; the engine's hint where it has one (Overloaded)
+        hint = getattr(exc, "retry_after_s", None) or 1.0
+        headers.append((b"retry-after", str(max(1, math.ceil(hint))).encode()))
     if isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", ", ".join(exc.allow).encode()))
     return status, error_body(_message(exc)[:MAX_MESSAGE_CHARS]), headers

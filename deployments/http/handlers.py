@@ -76,7 +76,7 @@ async def infer(call: Any) -> Reply:
     model = call.model()
     request = parse_infer_request(await call.body(), call.headers, model.spec,
                                   call.app.request_limits)
-    outputs = await call.backend.infer(model, request)
+    outputs = await call.backend.infer(model, request, call.received_s)
     parts, headers = encode_infer_parts(model.name, model.version, request.id, outputs,
                                         request.outputs_requested, request.binary_data_output)
     return Reply(200, parts, header_pairs(headers))

@@ -61,7 +61,8 @@ class FakeBackend:
     async def stats(self, model: ModelEntry) -> dict[str, Any]:
         return {"name": model.name, "version": model.version, "inference_count": 0}
 
-    async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
+    async def infer(self, model: ModelEntry, request: InferRequest,
+                    received_s: float | None = None) -> dict[str, np.ndarray]:
         await self.step.wait()
         if self.fail_with is not None:
             raise self.fail_with

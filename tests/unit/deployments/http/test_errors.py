@@ -13,6 +13,7 @@ from batching.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelError,
+    Overloaded,
     QueueFull,
     SequenceLost,
     WorkerDied,
@@ -96,3 +97,9 @@ def test_a_server_bug_logs_its_traceback(caplog):
         log_error(e, 500, "GET", "/v2")
     (record,) = caplog.records
     assert record.levelno == logging.ERROR and record.exc_info is not None
+
+
+@pytest.mark.parametrize(("hint", "header"), [(None, b"1"), (0.2, b"1"), (2.5, b"3")])
+def test_retry_after_is_the_engines_hint_in_whole_seconds(hint, header):
+    status, _, headers = parts(Overloaded("the model is overloaded", retry_after_s=hint))
+    assert status == 429 and headers[b"retry-after"] == header
