@@ -12,18 +12,25 @@ batching actors:
   (the batching actor ended no more requests than were sent, and failed none).
 - `slow`: SlowSquare, 500 ms per batch of at most 4: a capacity of 8 requests/s (slow,
   so that 10x its capacity is the model's overload, not the 2-core test machine's HTTP
-  front's, which would queue before the model's bound). The overload sends 10x that,
-  open loop (at a fixed rate, whatever the answers), for RAYBATCH_OVERLOAD_S seconds
-  (default 6; the issue's full run is 30): every answer is 200 with its own result or
-  429/503 with Retry-After and {"error": ...}; the accepted requests' p99 stays under
-  the ingress's default_timeout_s plus the batches sent ahead of theirs; the resident
-  memory of the ingress replica and of the batching actor is flat (printed); and right
-  after, the model answers normally.
+  front's). The overload sends 10x that, open loop (at a fixed rate, whatever the
+  answers), for RAYBATCH_OVERLOAD_S seconds (default 6; the issue's full run is 30) to
+  the ingress replica's own port (the fast path, where `raybatch up`'s HAProxy sends
+  requests): every answer is 200 with its own result or 429/503 with Retry-After and
+  {"error": ...}; the accepted requests' p99 stays within the ingress's
+  default_timeout_s (the model's queue bound alone would let them wait 4 s: what holds
+  them to it is the engine's deadline admission, `batching.dynamic.admission`); the
+  resident memory of the ingress replica and of the batching actor is flat; and right
+  after, the model answers normally. Figures are printed (run with -s).
+  Not through Serve's proxy: measured on this machine, under this overload the proxy
+  itself (its queue before the ingress, the round trip that fetches the body from it,
+  the response back through it) added 1-3 s to an accepted request's p99, time no code
+  in the replica sees (benchmarks/results/session4/reliability.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -46,9 +53,10 @@ CONCURRENCY = 32  # per path
 SLOW_BATCH, SLOW_DELAY_MS = 4, 500.0
 CAPACITY_RPS = SLOW_BATCH / (SLOW_DELAY_MS / 1e3)  # 8 requests/s
 TIMEOUT_S = 2.0  # the ingress's default_timeout_s
-# The deadline bounds the wait for a batch to be sent; a sent batch runs to its end, behind
-# at most max_inflight_batches (2) batches sent before it: the bound on an accepted request.
-ACCEPTED_BOUND_S = TIMEOUT_S + 2 * SLOW_DELAY_MS / 1e3
+# An accepted request ends within its timeout, counted from when the ingress got it; the
+# allowance is for what the engine cannot see: the HTTP hops and the Ray calls to the
+# batching actor and back (a few ms idle, more on the shared 2-core machine).
+ACCEPTED_BOUND_S = TIMEOUT_S + 0.25
 MEMORY_SLACK_BYTES = 64 << 20  # "flat": less than this gained in the overload's second half
 
 
@@ -71,8 +79,9 @@ def load_app_config():
              "outputs": [{"name": "OUTPUT0", **tensor}],
              "batching": {"max_batch_size": SLOW_BATCH},
              "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 0.05},
-             "batcher": {"placement": "actor"},
-             "limits": {"queue_batches": 2}},  # 8 wait: 1 s at capacity, < TIMEOUT_S
+             # The default queue bound (8 batches: 4 s of work, past TIMEOUT_S): what keeps
+             # an accepted request within its timeout is the deadline admission.
+             "batcher": {"placement": "actor"}},
         ],
     })
 
@@ -107,7 +116,8 @@ def answer_of(model: str, ys: list[float]) -> dict:
 
 
 async def soak_http(urls: list[str], ids: list[int], doomed: dict[int, float]) -> dict:
-    """Send request i (i in `ids`) to urls[i % 2], CONCURRENCY at once; hang up on
+    """Send request i (i in `ids`, every other one) to urls[i // 2 % 2], CONCURRENCY at
+    once; hang up on
     `doomed` ones after their delay. {i: (status, body) or "cancelled"}."""
     out: dict = {}
     sem = asyncio.Semaphore(CONCURRENCY)
@@ -116,7 +126,7 @@ async def soak_http(urls: list[str], ids: list[int], doomed: dict[int, float]) -
                                      connector=aiohttp.TCPConnector(limit=0)) as s:
         async def one(i: int) -> None:
             async def call():
-                async with s.post(urls[i % 2], json=doc(pair(i))) as r:
+                async with s.post(urls[i // 2 % 2], json=doc(pair(i))) as r:
                     return r.status, await r.json(content_type=None)
             async with sem:
                 task = asyncio.ensure_future(call())
@@ -154,9 +164,12 @@ def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_a
     handle, direct = load_app
     n, rng = SOAK_REQUESTS, random.Random(11)
     doomed = {i: rng.uniform(0, 0.01) for i in range(n) if rng.random() < CANCEL_FRACTION}
-    urls = [f"{app.base_url}{PREFIX}/v2/models/sq/infer", f"{direct}/v2/models/sq/infer"]
+    urls = [f"{base}{PREFIX}/v2/models/sq/infer" for base in (app.base_url, direct)]
     http_ids, client_ids = list(range(0, n, 2)), list(range(1, n, 2))
     before = stats(handle, "sq")
+    pids = {"ingress": alive_pids(f"SERVE_REPLICA::{NAME}#Ingress#"),
+            "batching actor": alive_pids(f"SERVE_DEPLOYMENT_ACTOR::{NAME}::", "::batcher-sq")}
+    rss = {k: [rss_bytes(p[0])] for k, p in pids.items() if len(p) == 1}
 
     async def main():
         client = RaybatchClient(handle)
@@ -183,10 +196,19 @@ def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_a
             wrong.append((i, got))
     ended = {k: after[k]["count"] - before[k]["count"] for k in ("success", "fail")}
     at_actor_cancelled = after["cancelled_by_caller"] - before["cancelled_by_caller"]
+    for k, p in pids.items():
+        if k in rss:
+            rss[k].append(rss_bytes(p[0]))
+    statuses: dict = {}
+    for got in http.values():
+        key = got if got == "cancelled" else got[0]
+        statuses[key] = statuses.get(key, 0) + 1
     print(f"\nsoak: {n} requests in {took:.1f} s ({n / took:.0f}/s), {len(doomed)} cancels "
           f"sent, {cancelled} took effect at the caller, {at_actor_cancelled} at the batching "
           f"actor; answered {answered}, lost {len(lost)}, wrong {len(wrong)}; the actor "
-          f"ended {ended['success']} with a result, {ended['fail']} failed")
+          f"ended {ended['success']} with a result, {ended['fail']} failed; HTTP statuses "
+          f"{statuses}; RSS MiB (before, after): "
+          f"{ {k: [round(v / 2**20, 1) for v in vs] for k, vs in rss.items()} }")
     assert not lost, f"{len(lost)} requests never ended: {lost[:5]}"
     assert not wrong, f"{len(wrong)} wrong or failed answers: {wrong[:3]}"
     # duplicated: the actor ended no request twice, nor more requests than were sent; the
@@ -207,7 +229,11 @@ async def open_loop(url: str, rate: float, seconds: float, on_third) -> list[tup
             sent = time.monotonic()
             try:
                 async with s.post(url, json=doc([x])) as r:
-                    body = await r.json(content_type=None)
+                    raw = await r.read()
+                    try:
+                        body = json.loads(raw)
+                    except ValueError:  # not JSON: kept as it came, the checks show it
+                        body = (raw[:200], dict(r.headers))
                     records.append((sent, time.monotonic() - sent, r.status, body,
                                     r.headers.get("retry-after"), x))
             except asyncio.TimeoutError:
@@ -226,13 +252,8 @@ async def open_loop(url: str, rate: float, seconds: float, on_third) -> list[tup
     return records
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open: on the shared 2-core machine the accepted p99 reached 7.6 s (p50 5.3 s) in one "
-    "of two runs, past default_timeout_s + the batches ahead (3 s), with the ingress's RSS "
-    "162.7 -> 197.2 MiB: requests wait before the model's queue bound (Serve's proxy / the "
-    "ingress, CPU-starved); the other run: p99 2.40 s, RSS flat. Statuses were only 200/429."))
 def test_overload_at_10x_capacity_answers_200_or_429_and_memory_stays_flat(app, load_app):
-    url = f"{app.base_url}{PREFIX}/v2/models/slow/infer"
+    url = f"{load_app[1]}{PREFIX}/v2/models/slow/infer"  # the fast path (note on top)
     pids = {"ingress": alive_pids(f"SERVE_REPLICA::{NAME}#Ingress#"),
             "batching actor": alive_pids(f"SERVE_DEPLOYMENT_ACTOR::{NAME}::", "::batcher-slow")}
     assert all(len(p) == 1 for p in pids.values()), pids
@@ -256,9 +277,11 @@ def test_overload_at_10x_capacity_answers_200_or_429_and_memory_stays_flat(app, 
     accepted = sorted(r[1] for r in records if r[2] == 200)
     p99 = accepted[int(0.99 * (len(accepted) - 1))]
     mib = {k: [round(v / 2**20, 1) for v in vs] for k, vs in memory.items()}
-    print(f"overload at {rate:.0f}/s (10x capacity) for {OVERLOAD_S:.0f} s: {counts}; "
-          f"accepted p50 {accepted[len(accepted) // 2]:.3f} s, p99 {p99:.3f} s; RSS MiB "
-          f"(before, 1/3, 2/3, end): {mib}")
+    retry_after = sorted({r[4] for r in records if r[2] != 200})
+    print(f"overload at {rate:.0f}/s (10x capacity) for {OVERLOAD_S:.0f} s: {len(records)} "
+          f"requests, statuses {counts} (Retry-After values {retry_after}); accepted p50 "
+          f"{accepted[len(accepted) // 2]:.3f} s, p99 {p99:.3f} s, max {accepted[-1]:.3f} s "
+          f"(timeout {TIMEOUT_S} s); RSS MiB (before, 1/3, 2/3, end): {mib}")
     assert p99 <= ACCEPTED_BOUND_S, f"accepted p99 {p99:.2f} s exceeds {ACCEPTED_BOUND_S} s"
     assert len(accepted) >= 0.5 * CAPACITY_RPS * OVERLOAD_S, "the model was not kept busy"
     for k, vs in memory.items():
@@ -271,8 +294,15 @@ def test_overload_at_10x_capacity_answers_200_or_429_and_memory_stays_flat(app, 
                 t = time.monotonic()
                 async with s.post(url, json=doc([float(x)])) as r:
                     out.append((r.status, await r.json(), time.monotonic() - t))
+                if x == 0:
+                    first_answer.append(time.monotonic())
             return out
+    first_answer: list[float] = []
     calm = arun(after())
+    last_sent = max(r[0] for r in records)
+    print(f"back to normal service {first_answer[0] - last_sent:.2f} s after the last "
+          f"overload request was sent (the first calm answer; calm latencies max "
+          f"{max(t for *_, t in calm):.3f} s)")
     assert [(st, b) for st, b, _ in calm] == [
         (200, answer_of("slow", [float(x * x)])) for x in range(10)]
     assert max(t for *_, t in calm) < 1.0, calm
