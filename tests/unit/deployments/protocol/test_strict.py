@@ -187,6 +187,12 @@ def test_an_output_json_cannot_carry_is_refused_pointing_at_binary(value):
     assert int(headers[INFER_HEADER_LENGTH]) == len(body) - 8
 
 
+def test_finite_outputs_whose_sum_overflows_are_sent():
+    y = np.array([60000.0, 60000.0], np.float16)  # the float16 sum is inf; each is finite
+    body, _ = encode_infer_response("m", "1", None, {"y": y}, [], False)
+    assert json.loads(body)["outputs"][0]["data"] == [60000.0, 60000.0]
+
+
 def test_outputs_of_any_byte_order_are_valid_json():
     y = np.array([1.5, -2.25], dtype=">f8")
     body, _ = encode_infer_response("m", "1", None, {"y": y}, [], False)
