@@ -131,7 +131,8 @@ class ServeBackend:
 
     async def infer(self, model: ModelEntry, request: InferRequest) -> dict[str, np.ndarray]:
         route = self.by_name[model.name].route
-        return await route.run(route.input_array(request.inputs), request.priority,
+        return await route.run(route.decoded_array(request.inputs, request.batch_size),
+                               request.priority,
                                request.timeout_s, _sequence(request))
 
     async def generate(self, model: ModelEntry, text: Any,
