@@ -19,5 +19,7 @@ COPY --chown=1000:100 deployments ./deployments
 COPY --chown=1000:100 benchmarks ./benchmarks
 RUN pip install --no-cache-dir -c constraints.txt ".[embeddings]" \
     && raybatch --help > /dev/null
+# The demo's trained weights (TinyLM), computed once here instead of at every pod start.
+RUN python -m deployments.models.weightcache
 
 USER 1000

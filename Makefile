@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks]"
+	$(BIN)/python -m deployments.models.weightcache
 	touch $(STAMP)
 
 setup: $(STAMP) sysdeps

@@ -70,6 +70,18 @@ class BatcherActor:
         self.host: Host | None = None
         self.pool: ReplicaPool | None = None
         self.hub: StreamHub | None = None
+        # Start the replicas now, not at the first call: Serve creates this actor before
+        # the ingress replicas, so the model's replicas (and their setup, e.g. a model
+        # that trains for seconds) overlap the ingress's own start. Ray runs an async
+        # actor's constructor on its event loop; elsewhere (no loop) the first call starts.
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._started = asyncio.ensure_future(self._start())
+        # An error is raised to every caller of _ensure_started; mark it seen here so an
+        # actor nobody calls does not log "exception was never retrieved" besides.
+        self._started.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _ensure_started(self) -> None:
         if self._started is None:

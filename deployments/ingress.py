@@ -132,8 +132,9 @@ class ServeBackend:
     async def infer(self, model: ModelEntry, request: InferRequest,
                     received_s: float | None = None) -> dict[str, np.ndarray]:
         route = self.by_name[model.name].route
-        return await route.run(route.input_array(request.inputs), request.priority,
-                               request.timeout_s, _sequence(request), received_s)
+        return await route.run(route.decoded_array(request.inputs, request.batch_size),
+                               request.priority, request.timeout_s, _sequence(request),
+                               received_s)
 
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:

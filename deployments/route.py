@@ -73,12 +73,30 @@ class ModelRoute:
         except InvalidRequest as e:
             raise self._invalid(str(e)) from None
         if len(items) > self.max_request_items:
-            if self.metrics is not None:
-                self.metrics.count("invalid")
-            raise PayloadTooLarge(f"the request carries {len(items)} items; model "
-                                  f"{self.config.name!r} takes at most {self.max_request_items} "
-                                  "per request (limits.max_request_items): split it")
+            raise self._too_many(len(items))
         return items
+
+    def decoded_array(self, inputs: dict[str, np.ndarray],
+                      batch_size: int | None) -> np.ndarray | TensorBatch:
+        """As `input_array`, for inputs the protocol codec decoded against this model's
+        `ModelSpec` (`deployments.ingress.model_spec`, from the same config), which
+        checked what `Signature.items` checks (names, datatypes, ranks, fixed dims, one
+        non-empty batch dim `batch_size`; None: it saw no batch dim, and checks all)."""
+        if batch_size is None:
+            return self.input_array(inputs)
+        if batch_size > self.max_request_items:
+            raise self._too_many(batch_size)
+        names = self.signature.inputs
+        if len(names) == 1:
+            return inputs[self.signature.single_input]
+        return TensorBatch({name: inputs[name] for name in names})
+
+    def _too_many(self, items: int) -> PayloadTooLarge:
+        if self.metrics is not None:
+            self.metrics.count("invalid")
+        return PayloadTooLarge(f"the request carries {items} items; model "
+                               f"{self.config.name!r} takes at most {self.max_request_items} "
+                               "per request (limits.max_request_items): split it")
 
     async def run(self, array: np.ndarray | TensorBatch, priority: int | None,
                   timeout_s: float | None,

@@ -34,6 +34,7 @@ class Signature:
         self.outputs = {t.name: t for t in config.outputs}
         self.multi = len(self.inputs) > 1 or len(self.outputs) > 1
         self._single_in = config.inputs[0]
+        self.single_input = self._single_in.name
         self._single_out = config.outputs[0]
 
     # -- requests (the route) ----------------------------------------------------------

@@ -64,6 +64,8 @@ def up(args: argparse.Namespace) -> int:
         print("note: Serve's mode on an existing cluster is its nodes' environment; start "
               "them with `raybatch join`, or with " + " ".join(f"{k}={v}" for k, v in env.items()),
               flush=True)
+    if not args.address:
+        _quiet_token_auth_notice()
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node)
     grpc_port = args.grpc_port or ingress.grpc_port
     serve.start(http_options={"host": host, "port": port},
@@ -82,6 +84,9 @@ def up(args: argparse.Namespace) -> int:
         return 1
     _print_welcome(config, host, port, grpc_port)
     _print_metrics(config)
+    if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+        print("Ray's token authentication is on (its default for a local cluster): "
+              "`ray get-auth-token` prints the token other Ray clients need", flush=True)
     if args.exit_after_deploy:
         return 0
     stop = threading.Event()
@@ -93,6 +98,16 @@ def up(args: argparse.Namespace) -> int:
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+def _quiet_token_auth_notice() -> None:
+    """Ray turns token authentication on for every new local cluster and logs a WARNING
+    saying so at each start; it is not a problem (the welcome says where the token is),
+    so that one record is dropped. Ray's other warnings pass."""
+    import logging
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: "Token authentication is enabled" not in record.getMessage())
 
 
 def deploy_error(text: str) -> str:

@@ -46,20 +46,24 @@ UNMATCHED = "unmatched"
 class Call:
     """One request as a handler sees it: path parameters, headers, a body reader."""
 
-    __slots__ = ("app", "backend", "body_unread", "client", "headers", "params", "receive",
-                 "received_s")
+    __slots__ = ("app", "backend", "body_unread", "headers", "params", "receive",
+                 "received_s", "scope")
 
-    def __init__(self, app: OipApp, receive: Any, headers: dict[str, str], client: str,
-                 received_s: float = 0.0) -> None:
+    def __init__(self, app: OipApp, receive: Any, headers: dict[str, str], scope: dict) -> None:
         self.app = app
-        self.received_s = received_s  # time.monotonic() when the app got the request
+        self.received_s = time.monotonic()  # an infer request's timeout counts from here
         self.backend = app.backend
         self.receive = receive
         self.headers = headers
-        self.client = client
+        self.scope = scope
         self.params: dict[str, str] = {}
         self.body_unread = headers.get("content-length", "0") != "0" or (
             "transfer-encoding" in headers)
+
+    @property
+    def client(self) -> str:
+        """The client's address (what its event streams are counted by)."""
+        return _client(self.scope)
 
     def model(self) -> ModelEntry:
         return self.backend.model(self.params["model"], self.params.get("version"))
@@ -106,6 +110,7 @@ class OipApp:
         self.body_reader = BodyReader(self.limits.max_body_bytes, self.limits.body_timeout_s)
         self.router = Router(oip_routes())
         self.metadata_reply = json_reply(server_metadata_json(name, version))
+        self.max_inflight = self.limits.max_inflight_requests
         self.inflight = 0
         self.draining = False
         self.counts: dict[tuple[str, int], int] = {}  # (route template, status) -> responses
@@ -124,23 +129,13 @@ class OipApp:
     async def _entry(self, scope: dict, receive: Any, send: Any, zero_copy: bool) -> None:
         if scope["type"] != "http":
             return await self._not_http(scope, receive, send)
-        if self.draining or self.inflight >= self.limits.max_inflight_requests:
+        if self.draining or self.inflight >= self.max_inflight:
             return await self._refuse(scope, send)
         self.inflight += 1
-        try:
-            await self._serve(scope, receive, send, zero_copy)
-        finally:
-            self.inflight -= 1
-            if self.inflight == 0 and self._idle is not None:
-                self._idle.set()
-
-    async def _serve(self, scope: dict, receive: Any, send: Any, zero_copy: bool) -> None:
-        received_s = time.monotonic()  # an infer request's timeout counts from here
         method, path = scope["method"], _route_path(scope)
         template, call, started = UNMATCHED, None, False
         try:
-            call = Call(self, receive, self._headers(scope["headers"]), _client(scope),
-                        received_s)
+            call = Call(self, receive, self._headers(scope["headers"]), scope)
             route, call.params = self.router.match(method, path)
             template = route.template
             reply = await route.handler(call)
@@ -158,6 +153,10 @@ class OipApp:
         except Exception as exc:
             status = await self._fail(send, exc, started, call, method, path)
             template = getattr(exc, "template", template)  # a 405 knows its route
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0 and self._idle is not None:
+                self._idle.set()
         self._count(template, status)
 
     async def _fail(self, send: Any, exc: Exception, started: bool, call: Call | None,

@@ -44,6 +44,7 @@ class _Mounted:
     app: OipApp
     loop: asyncio.AbstractEventLoop
     prefix: str  # the app's route prefix without its trailing "/"; "" for "/"
+    head: str  # prefix + "/v2": the paths it takes are this, or start with it and "/"
 
 
 _mounted: _Mounted | None = None
@@ -53,7 +54,8 @@ _warned = False
 def mount(app: OipApp, route_prefix: str = "/") -> None:
     """Serve `app` on this process's fast path, on the running loop (the replica's)."""
     global _mounted
-    _mounted = _Mounted(app, asyncio.get_running_loop(), route_prefix.rstrip("/"))
+    prefix = route_prefix.rstrip("/")
+    _mounted = _Mounted(app, asyncio.get_running_loop(), prefix, prefix + "/v2")
 
 
 def unmount(app: OipApp) -> None:
@@ -84,7 +86,7 @@ class OipMiddleware:
 
 
 def _takes(m: _Mounted, path: str) -> bool:
-    head = m.prefix + "/v2"
+    head = m.head
     return path.startswith(head) and (len(path) == len(head) or path[len(head)] == "/")
 
 

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from deployments.http.errors import Unavailable, error_parts, log_error
-from deployments.http.replies import EventStream, Reply, header_pairs, json_reply
+from deployments.http.replies import EventStream, Reply, json_reply
 from deployments.http.routes import Route
 from deployments.protocol import (
-    encode_infer_parts,
+    encode_infer_raw,
     generate_response,
     metadata_json,
     model_config_json,
@@ -75,11 +75,11 @@ async def model_stats(call: Any) -> Reply:
 async def infer(call: Any) -> Reply:
     model = call.model()
     request = parse_infer_request(await call.body(), call.headers, model.spec,
-                                  call.app.request_limits)
+                                  call.app.request_limits, remember=True)
     outputs = await call.backend.infer(model, request, call.received_s)
-    parts, headers = encode_infer_parts(model.name, model.version, request.id, outputs,
-                                        request.outputs_requested, request.binary_data_output)
-    return Reply(200, parts, header_pairs(headers))
+    parts, headers = encode_infer_raw(model.name, model.version, request.id, outputs,
+                                      request.outputs_requested, request.binary_data_output)
+    return Reply(200, parts, headers)
 
 
 async def generate(call: Any) -> Reply:

@@ -45,15 +45,11 @@ def json_reply(doc: Any, status: int = 200) -> Reply:
     return Reply(status, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), [JSON])
 
 
-def header_pairs(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-
 async def send_reply(send: Any, reply: Reply, close: bool, zero_copy: bool) -> None:
     body = reply.body
     parts = None
     if type(body) is list:
-        size = sum(len(b) for b in body)
+        size = sum(map(len, body))
         if zero_copy and len(body) > 1 and size >= ZERO_COPY_MIN_BYTES:
             parts = body
         else:

@@ -253,6 +253,7 @@ class TinyLM(StepModel):
         self.net: Any = None
         self._pool: Any = None
         self.trained_steps = 0
+        self.weights_cached = False  # True: the trained weights were loaded, not computed
 
     def setup(self, device: str) -> None:
         import torch
@@ -263,12 +264,35 @@ class TinyLM(StepModel):
 
             set_torch_threads(self.threads)
         net = _net(VOCAB, self.max_context, self.d_model, self.heads, self.layers, self.seed)
-        if self.train_s > 0 or self.train_steps:
-            self.trained_steps = _train(net, self.heads, self.seed, self.train_s,
-                                        self.train_steps)
+        if self.train_steps:  # deterministic: computed once per key, then loaded
+            net.load_state_dict(self._trained_state(net))
+            self.trained_steps = self.train_steps
+        elif self.train_s > 0:  # as many steps as fit in train_s: not cacheable
+            self.trained_steps = _train(net, self.heads, self.seed, self.train_s, None)
         self.net = net.to(device=device, dtype=torch.float64).eval().requires_grad_(False)
         self._pool = _Pool(self.layers, self.heads, self.max_context,
                            self.d_model // self.heads, device)
+
+    def _trained_state(self, net: Any) -> dict[str, Any]:
+        """`net` after `train_steps` steps, from the weight cache (`weightcache`)."""
+        from deployments.models.weightcache import cache_key, cached_state
+
+        params = {"seed": self.seed, "steps": self.train_steps, "d_model": self.d_model,
+                  "heads": self.heads, "layers": self.layers, "context": self.max_context}
+        key = cache_key("tinylm", params, CORPUS.read_bytes())
+
+        def train() -> dict[str, Any]:
+            _train(net, self.heads, self.seed, 0.0, self.train_steps)
+            return net.state_dict()
+
+        state, self.weights_cached = cached_state(key, train)
+        return state
+
+    @classmethod
+    def cache_weights(cls, **init_kwargs: Any) -> None:
+        """Train now (if not cached yet) so the next setup with these arguments loads."""
+        if init_kwargs.get("train_steps"):
+            cls(**init_kwargs).setup("cpu")
 
     @property
     def live(self) -> int:

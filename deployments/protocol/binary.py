@@ -106,10 +106,11 @@ def encode_binary(array: np.ndarray) -> bytes:
     return bytes(binary_view(array))
 
 
-def binary_view(array: np.ndarray) -> memoryview | bytes:
-    """What the binary extension carries for `array`: a view of its own memory when it is
-    already contiguous and little-endian (no copy), else a copy; BYTES are serialized."""
-    if datatype_of(array) == "BYTES":
+def binary_view(array: np.ndarray, datatype: str | None = None) -> memoryview | bytes:
+    """What the binary extension carries for `array` (of OIP `datatype`, if known): a view
+    of its own memory when it is already contiguous and little-endian (no copy), else a
+    copy; BYTES are serialized."""
+    if (datatype or datatype_of(array)) == "BYTES":
         return b"".join(_LEN.pack(len(b)) + b for b in as_bytes_list(array))
     if array.size and array.flags.c_contiguous and array.dtype.byteorder in _LITTLE:
         return memoryview(array).cast("B")  # the array's own memory

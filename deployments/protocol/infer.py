@@ -35,6 +35,7 @@ import numpy as np
 import orjson
 
 from batching.errors import InvalidRequest, ModelError
+from deployments.protocol import plans
 from deployments.protocol.binary import (
     DEFAULT_LIMITS,
     INFER_HEADER_LENGTH,
@@ -56,6 +57,7 @@ __all__ = [
     "RequestedOutput",
     "check_content_length",
     "encode_infer_parts",
+    "encode_infer_raw",
     "encode_infer_response",
     "error_body",
     "load_json",
@@ -132,10 +134,12 @@ def _is_digits(text: str) -> bool:
 
 def parse_infer_request(
     body: bytes, headers: Mapping[str, str], spec: ModelSpec,
-    limits: RequestLimits | int = DEFAULT_LIMITS,
+    limits: RequestLimits | int = DEFAULT_LIMITS, remember: bool = False,
 ) -> InferRequest:
     """Parse and validate `POST /v2/models/{name}/infer` against `spec`; `limits` (or
-    just the body limit, in bytes) bound what it may carry.
+    just the body limit, in bytes) bound what it may carry. `remember`: decode a binary
+    request whose JSON header was seen before from that header's plan, and remember new
+    ones (`deployments.protocol.plans`); the outcome is the same either way.
 
     >>> spec = ModelSpec("m", inputs=[TensorSpec("x", "INT32", [-1])],
     ...                  outputs=[TensorSpec("y", "INT32", [-1])], max_batch_size=4)
@@ -150,6 +154,14 @@ def parse_infer_request(
     body = _decompress(body, _header(headers, "content-encoding"), limits.max_body_bytes)
     json_length = _json_length(headers, len(body))
     view = memoryview(body)
+    header = None
+    if remember and json_length is not None and json_length <= plans.MAX_HEADER_BYTES:
+        header = bytes(view[:json_length])
+        plan = spec.plans.get(header)
+        if (plan is not None and (plan.limits is limits or plan.limits == limits)
+                and len(body) - json_length == plan.binary_size):
+            return InferRequest(plan.request_id, plan.inputs_of(view[json_length:]),
+                                dict(plan.parameters), list(plan.outputs), plan.batch_size)
     doc = load_json(view if json_length is None else view[:json_length], binary_hint=True)
     if not isinstance(doc, dict):
         raise InvalidRequest(
@@ -164,7 +176,11 @@ def parse_infer_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest(f"'id' must be a JSON string, got {shown(request_id)}")
-    return InferRequest(request_id, inputs, parameters, outputs, batch_size_of(inputs, spec))
+    request = InferRequest(request_id, inputs, parameters, outputs, batch_size_of(inputs, spec))
+    if header is not None:
+        plans.remember(spec.plans, header, plans.make_plan(
+            doc, inputs, len(body) - len(header), limits, request))
+    return request
 
 
 class LowerHeaders(dict):
@@ -352,6 +368,47 @@ def encode_infer_parts(
     """As `encode_infer_response`, with the body in parts: the JSON, then each binary
     output as a view of its array's memory where it can be (no copy), for a server that
     writes them one after another."""
+    parts = _encode_parts(model_name, model_version, request_id, outputs, outputs_requested,
+                          default_binary)
+    if len(parts) == 1:
+        return parts, {"Content-Type": "application/json"}
+    return parts, {
+        "Content-Type": "application/octet-stream",
+        INFER_HEADER_LENGTH: str(len(parts[0])),
+    }
+
+
+_JSON_HEADERS = ((b"content-type", b"application/json"),)
+_BINARY_TYPE = (b"content-type", b"application/octet-stream")
+_LENGTH_NAME = INFER_HEADER_LENGTH.lower().encode("latin-1")
+
+
+def encode_infer_raw(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
+    default_binary: bool,
+) -> tuple[list[bytes | memoryview], list[tuple[bytes, bytes]]]:
+    """As `encode_infer_parts`, with the headers as an HTTP server takes them: (lowercase
+    name, value) byte pairs."""
+    parts = _encode_parts(model_name, model_version, request_id, outputs, outputs_requested,
+                          default_binary)
+    if len(parts) == 1:
+        return parts, list(_JSON_HEADERS)
+    return parts, [_BINARY_TYPE, (_LENGTH_NAME, b"%d" % len(parts[0]))]
+
+
+def _encode_parts(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Mapping[str, np.ndarray],
+    outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
+    default_binary: bool,
+) -> list[bytes | memoryview]:
+    """The JSON, then every binary output (in the order of their entries)."""
     selected = outputs_requested or [RequestedOutput(n, default_binary) for n in outputs]
     chunks: list[bytes | memoryview] = []  # binary outputs, in the order of their entries
     entries = [_output_entry(name, binary, outputs, chunks) for name, binary in selected]
@@ -359,13 +416,8 @@ def encode_infer_parts(
     if request_id:
         doc["id"] = request_id
     doc["outputs"] = entries
-    header = orjson.dumps(doc, option=_NUMPY)
-    if not chunks:
-        return [header], {"Content-Type": "application/json"}
-    return [header, *chunks], {
-        "Content-Type": "application/octet-stream",
-        INFER_HEADER_LENGTH: str(len(header)),
-    }
+    chunks.insert(0, orjson.dumps(doc, option=_NUMPY))
+    return chunks
 
 
 def _output_entry(
@@ -376,11 +428,13 @@ def _output_entry(
             f"the model returned outputs {list(outputs)} but not '{name}', which the "
             "request asked for; the model must return every output it declares"
         )
-    array = np.asarray(outputs[name])
-    entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array)}
-    entry["shape"] = list(array.shape)
+    array = outputs[name]
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    datatype = datatype_of(array)
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if binary:
-        raw = binary_view(array)
+        raw = binary_view(array, datatype)
         entry["parameters"] = {"binary_data_size": len(raw)}
         chunks.append(raw)
     else:

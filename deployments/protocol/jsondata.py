@@ -77,9 +77,48 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
     """Numbers of one datatype, strictly: no true/false among numbers, no fractions among
     integers, nothing outside the datatype's range (1e39 is not an FP32).
 
-    numpy reads the list; its kind says most of what was in it, but not true/false beside
-    numbers (read as 1/0), so the values' types are looked at too (one C-level pass)."""
+    The values' types are looked at first (one C-level pass): a flat list of the target's
+    kind is read as such (`_flat`); anything else numpy reads, and its kind says most of
+    what was in it, but not true/false beside numbers (read as 1/0), so the types are
+    looked at again there."""
     target = NUMPY_DTYPES[datatype]
+    parsed = _flat(data, target) if data and type(data[0]) is not list else None
+    if parsed is None:
+        parsed = _numbers(data, datatype, target, where)
+        if parsed.size == 0:
+            return np.empty(0, dtype=target)
+    if target.kind == "f":
+        return _floats(parsed, datatype, target, where)
+    if target.kind != "b":
+        _check_int_range(parsed, datatype, target, where)
+    return parsed.astype(target, copy=False).ravel()
+
+
+def _flat(data: list, target: np.dtype) -> np.ndarray | None:
+    """A flat list of the target's own kind, read without numpy's type discovery: the
+    array `np.array(data)` would give (numbers with a fraction among them as float64,
+    integers as int64, true/false as bool), or None where that is not certain."""
+    types = set(map(type, data))
+    if target.kind == "f":
+        if float not in types or not types <= _FLOAT_TYPES:
+            return None
+        wide: Any = np.float64
+    else:
+        want, wide = _FLAT[target.kind]
+        if types != want:
+            return None
+    try:
+        return np.fromiter(data, wide, len(data))
+    except (OverflowError, ValueError, TypeError):  # past int64 or a double: the long way
+        return None
+
+
+_FLOAT_TYPES = {int, float}
+_FLAT = {"b": ({bool}, np.bool_), "u": ({int}, np.int64), "i": ({int}, np.int64)}
+
+
+def _numbers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndarray:
+    """`data` read by numpy, its kinds checked (what `_flat` does not take)."""
     try:
         parsed = np.array(data)
     except (ValueError, OverflowError) as exc:  # ragged, or nested past numpy's dims
@@ -89,16 +128,12 @@ def _json_numbers(data: list, datatype: str, where: str) -> np.ndarray:
             "send a flat list, or nested lists of equal length"
         ) from None
     if parsed.size == 0:
-        return np.empty(0, dtype=target)
+        return parsed
     kind = parsed.dtype.kind
     if kind not in _KINDS[target.kind] or (
             target.kind != "b" and bool in _leaf_types(data, where)):
         parsed = _slow_numbers(data, datatype, target, where)
-    if target.kind == "f":
-        return _floats(parsed, datatype, target, where)
-    if target.kind != "b":
-        _check_int_range(parsed, datatype, target, where)
-    return parsed.astype(target, copy=False).ravel()
+    return parsed
 
 
 def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndarray:
@@ -125,8 +160,8 @@ def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np
 
 def _floats(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> np.ndarray:
     if target.itemsize < 8:
-        limit = float(np.finfo(target).max)
-        largest = max(float(parsed.max()), -float(parsed.min()))
+        limit = _FLOAT_MAX[target.itemsize]
+        largest = float(np.abs(parsed).max())
         if largest > limit:
             raise InvalidRequest(
                 f"{where}: 'data' holds {largest:g}, outside the range of {datatype} "
@@ -169,6 +204,7 @@ def _flatten_strings(data: list, where: str) -> np.ndarray:
 
 
 _DONE = object()
+_FLOAT_MAX = {2: float(np.finfo(np.float16).max), 4: float(np.finfo(np.float32).max)}
 
 
 def json_data(array: np.ndarray, name: str) -> np.ndarray | list[str]:

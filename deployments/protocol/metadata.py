@@ -73,11 +73,19 @@ class ModelSpec:
     max_batch_size: int = 0
     input_by_name: dict[str, TensorSpec] = field(init=False, repr=False, compare=False)
     """The inputs by name, for the decoder (built once, not per request)."""
+    input_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    output_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    plans: dict[bytes, Any] = field(init=False, repr=False, compare=False)
+    """Binary requests' JSON headers seen before -> how to decode them again
+    (`deployments.protocol.plans`); filled only where the caller asks for it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "input_by_name", {t.name: t for t in self.inputs})
+        object.__setattr__(self, "input_names", tuple(t.name for t in self.inputs))
+        object.__setattr__(self, "output_names", tuple(t.name for t in self.outputs))
+        object.__setattr__(self, "plans", {})
         if not self.inputs or not self.outputs:
             raise ValueError(f"model '{self.name}' needs at least one input and one output")
         if self.max_batch_size < 0:
@@ -97,14 +105,6 @@ class ModelSpec:
                             f"{self.max_batch_size}), so {kind} '{t.name}' needs -1 as its "
                             f"leading (batch) dim; got shape {list(t.shape)}"
                         )
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.outputs)
 
 
 def metadata_json(spec: ModelSpec) -> dict[str, Any]:

@@ -126,3 +126,14 @@ def test_the_tag_it_says_to_build_is_the_manifests_default_image(name, gpu):
     assert default_image(gpu).startswith(f"raybatch:{PYPROJECT['project']['version']}")
     readme = (ROOT / "README.md").read_text()
     assert f"-t {default_image(gpu)}" in readme, "the README builds another tag"
+
+
+def test_the_cpu_image_caches_the_demo_weights_as_the_user_that_runs_it():
+    steps = instructions((ROOT / "Dockerfile").read_text())
+    warm = [i for i, (k, a) in enumerate(steps) if k == "RUN"
+            and "deployments.models.weightcache" in a]
+    install = [i for i, (k, a) in enumerate(steps) if k == "RUN" and "pip install" in a
+               and "-c constraints.txt" in a]
+    users = [(i, a) for i, (k, a) in enumerate(steps) if k == "USER"]
+    assert warm and install and warm[0] > install[-1], "weights cached before the install"
+    assert [a for i, a in users if i < warm[0]][-1] == str(RAY_UID)  # ~ray/.cache, not root's

@@ -39,3 +39,32 @@ def test_each_batching_shard_bounds_its_queue_by_its_share_of_the_replicas():
     shard = shard_config(cfg)
     assert shard.replicas.max_replicas == 2
     assert shard.batching.default_queue_policy.max_queue_size == 8 * 4 * 2
+
+
+def multi_config() -> ModelConfig:
+    return ModelConfig.model_validate({
+        "name": "two", "transformer": "deployments.models:Square",
+        "inputs": [{"name": "a", "datatype": "FP32", "shape": [-1]},
+                   {"name": "b", "datatype": "INT32", "shape": [-1, 2]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1]}],
+        "batching": {"max_batch_size": 4}})
+
+
+def test_codec_decoded_inputs_give_what_the_full_check_gives():
+    route = ModelRoute(config(), [lambda: None])
+    x = np.zeros(3, np.float32)
+    assert route.decoded_array({"INPUT0": x}, 3) is route.input_array({"INPUT0": x})
+    two = ModelRoute(multi_config(), [lambda: None])
+    inputs = {"b": np.zeros((2, 2), np.int32), "a": np.ones(2, np.float32)}  # request order
+    fast, full = two.decoded_array(inputs, 2), two.input_array(inputs)
+    assert fast.names == full.names == ("a", "b")  # the declared order
+    assert all(fast.tensors[n] is full.tensors[n] for n in fast.names)
+    with pytest.raises(InvalidRequest, match="empty batch dimension"):  # None: checked all
+        route.decoded_array({"INPUT0": np.zeros(0, np.float32)}, None)
+
+
+def test_codec_decoded_inputs_keep_the_item_limit():
+    route = ModelRoute(config(limits={"max_request_items": 2}), [lambda: None])
+    with pytest.raises(InvalidRequest, match=r"carries 3 items.*at most 2 per request") as e:
+        route.decoded_array({"INPUT0": np.zeros(3, np.float32)}, 3)
+    assert http_status(e.value) == 413

@@ -108,14 +108,59 @@ def test_the_seed_picks_the_weights_and_the_same_seed_gives_the_same_text(model)
     assert generate(other_seed, PROMPTS[:3], 20, batch=3) != base
 
 
-def test_untrained_it_does_not_end_early_and_training_is_deterministic(model):
+def test_untrained_it_does_not_end_early_and_training_is_deterministic(model, tmp_path,
+                                                                       monkeypatch):
     ids = model.encode("The river ran")
     assert EOS_ID not in model.reference(ids, 60)
     a, b = TinyLM(train_steps=3), TinyLM(train_steps=3)
-    a.setup("cpu")
-    b.setup("cpu")
-    assert a.trained_steps == 3
+    for m, cache in ((a, "a"), (b, "b")):  # each trains: a cache of its own
+        monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(tmp_path / cache))
+        m.setup("cpu")
+        assert m.trained_steps == 3 and not m.weights_cached
     assert a.reference(ids, 15) == b.reference(ids, 15) != model.reference(ids, 15)
+
+
+def test_trained_weights_are_cached_by_key_and_loaded_next_time(tmp_path, monkeypatch):
+    import deployments.models.tinylm as tinylm
+
+    monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(tmp_path))
+    first = TinyLM(train_steps=2)
+    first.setup("cpu")
+    assert not first.weights_cached and len(list(tmp_path.glob("tinylm-*.pt"))) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again although the weights are cached")
+
+    monkeypatch.setattr(tinylm, "_train", no_training)
+    again = TinyLM(train_steps=2)
+    again.setup("cpu")
+    assert again.weights_cached and again.trained_steps == 2
+    ids = first.encode("Once upon")
+    assert again.reference(ids, 20) == first.reference(ids, 20)
+    with pytest.raises(AssertionError, match="trained again"):  # another key: not loaded
+        TinyLM(train_steps=2, seed=1).setup("cpu")
+
+
+def test_a_damaged_cache_file_is_recomputed_and_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(tmp_path))
+    TinyLM(train_steps=1).setup("cpu")
+    (path,) = tmp_path.glob("tinylm-*.pt")
+    path.write_bytes(b"not a torch file")
+    m = TinyLM(train_steps=1)
+    m.setup("cpu")
+    assert not m.weights_cached and path.stat().st_size > 1000
+    m2 = TinyLM(train_steps=1)
+    m2.setup("cpu")
+    assert m2.weights_cached
+
+
+def test_an_unwritable_cache_still_gives_trained_weights(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory would be")
+    monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(blocker / "raybatch"))
+    m = TinyLM(train_steps=1)
+    m.setup("cpu")
+    assert m.trained_steps == 1 and not m.weights_cached
 
 
 @pytest.mark.gpu

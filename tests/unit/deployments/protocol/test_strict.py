@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batching.errors import InvalidRequest
 from deployments.protocol import (
@@ -17,8 +19,10 @@ from deployments.protocol import (
     TensorSpec,
     check_content_length,
     encode_infer_response,
+    jsondata,
     parse_generate_body,
 )
+from deployments.protocol.jsondata import decode_json_data
 from tests.unit.deployments.protocol.oip_cases import json_request, parse
 
 HOLE = '"@HOLE@"'
@@ -183,6 +187,12 @@ def test_an_output_json_cannot_carry_is_refused_pointing_at_binary(value):
     assert int(headers[INFER_HEADER_LENGTH]) == len(body) - 8
 
 
+def test_finite_outputs_whose_sum_overflows_are_sent():
+    y = np.array([60000.0, 60000.0], np.float16)  # the float16 sum is inf; each is finite
+    body, _ = encode_infer_response("m", "1", None, {"y": y}, [], False)
+    assert json.loads(body)["outputs"][0]["data"] == [60000.0, 60000.0]
+
+
 def test_outputs_of_any_byte_order_are_valid_json():
     y = np.array([1.5, -2.25], dtype=">f8")
     body, _ = encode_infer_response("m", "1", None, {"y": y}, [], False)
@@ -204,3 +214,28 @@ def test_outputs_of_any_byte_order_are_valid_json():
 def test_hostile_generate_bodies_are_a_400(body, words):
     with pytest.raises(InvalidRequest, match=words):
         parse_generate_body(body.encode())
+
+
+_JSON_VALUES = st.one_of(st.booleans(), st.integers(-(2**70), 2**70),
+                         st.floats(allow_nan=False, allow_infinity=False))
+
+
+def _outcome(data: list, datatype: str) -> tuple:
+    try:
+        got = decode_json_data(data, datatype, [len(data)], "input 'x'")
+    except InvalidRequest as e:
+        return ("error", str(e))
+    return (got.dtype.str, got.tolist())
+
+
+@given(st.lists(_JSON_VALUES, min_size=1, max_size=12),
+       st.sampled_from(["FP32", "FP64", "FP16", "INT32", "INT64", "UINT8", "UINT64", "BOOL"]))
+@settings(max_examples=400, deadline=None)
+def test_a_flat_list_read_the_fast_way_decodes_as_numpy_reading_it_does(data, datatype):
+    fast = _outcome(data, datatype)
+    real = jsondata._flat
+    try:
+        jsondata._flat = lambda data, target: None  # every list the long way
+        assert _outcome(data, datatype) == fast
+    finally:
+        jsondata._flat = real
