@@ -279,7 +279,9 @@ class TinyLM(StepModel):
 
         params = {"seed": self.seed, "steps": self.train_steps, "d_model": self.d_model,
                   "heads": self.heads, "layers": self.layers, "context": self.max_context}
-        key = cache_key("tinylm", params, CORPUS.read_bytes())
+        # This module's source in the key: a change to how the net is built or trained
+        # means new weights, never the old file.
+        key = cache_key("tinylm", params, CORPUS.read_bytes() + Path(__file__).read_bytes())
 
         def train() -> dict[str, Any]:
             _train(net, self.heads, self.seed, 0.0, self.train_steps)

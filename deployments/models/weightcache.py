@@ -4,7 +4,8 @@ A demo model that trains for a few seconds at setup (`TinyLM(train_steps=...)`)
 would pay those seconds on every start, on the path to the app's first answer.
 Training with a fixed seed and step count is deterministic for a given torch
 build, so the result is a pure function of a key: the model's arguments, the
-bytes of its training data, the torch version and a format version. Keyed that
+bytes of its training data and of the code that builds and trains it, the torch
+version and a format version. Keyed that
 way, a cached file can only be the weights this process would have computed
 (never downloaded, never shared between different inputs).
 
