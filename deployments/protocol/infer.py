@@ -56,7 +56,6 @@ __all__ = [
     "PayloadTooLarge",
     "RequestedOutput",
     "check_content_length",
-    "encode_infer_parts",
     "encode_infer_raw",
     "encode_infer_response",
     "error_body",
@@ -352,30 +351,12 @@ def encode_infer_response(
     >>> headers["Content-Type"], body[:22]
     ('application/json', b'{"model_name":"m","mod')
     """
-    parts, headers = encode_infer_parts(model_name, model_version, request_id, outputs,
-                                        outputs_requested, default_binary)
-    return (parts[0] if len(parts) == 1 else b"".join(parts)), headers
-
-
-def encode_infer_parts(
-    model_name: str,
-    model_version: str,
-    request_id: str | None,
-    outputs: Mapping[str, np.ndarray],
-    outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
-    default_binary: bool,
-) -> tuple[list[bytes | memoryview], dict[str, str]]:
-    """As `encode_infer_response`, with the body in parts: the JSON, then each binary
-    output as a view of its array's memory where it can be (no copy), for a server that
-    writes them one after another."""
     parts = _encode_parts(model_name, model_version, request_id, outputs, outputs_requested,
                           default_binary)
     if len(parts) == 1:
-        return parts, {"Content-Type": "application/json"}
-    return parts, {
-        "Content-Type": "application/octet-stream",
-        INFER_HEADER_LENGTH: str(len(parts[0])),
-    }
+        return parts[0], {"Content-Type": "application/json"}
+    return b"".join(parts), {"Content-Type": "application/octet-stream",
+                             INFER_HEADER_LENGTH: str(len(parts[0]))}
 
 
 _JSON_HEADERS = ((b"content-type", b"application/json"),)
@@ -391,8 +372,10 @@ def encode_infer_raw(
     outputs_requested: list[RequestedOutput] | list[tuple[str, bool]],
     default_binary: bool,
 ) -> tuple[list[bytes | memoryview], list[tuple[bytes, bytes]]]:
-    """As `encode_infer_parts`, with the headers as an HTTP server takes them: (lowercase
-    name, value) byte pairs."""
+    """As `encode_infer_response`, with the body in parts (the JSON, then each binary
+    output as a view of its array's memory where it can be: no copy, for a server that
+    writes them one after another) and the headers as an HTTP server takes them:
+    (lowercase name, value) byte pairs."""
     parts = _encode_parts(model_name, model_version, request_id, outputs, outputs_requested,
                           default_binary)
     if len(parts) == 1:
