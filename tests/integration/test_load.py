@@ -115,49 +115,42 @@ def answer_of(model: str, ys: list[float]) -> dict:
         {"name": "OUTPUT0", "datatype": "FP32", "shape": [len(ys)], "data": ys}]}
 
 
-async def soak_http(urls: list[str], ids: list[int], doomed: dict[int, float]) -> dict:
-    """Send request i (i in `ids`, every other one) to urls[i // 2 % 2], CONCURRENCY at
-    once; hang up on
-    `doomed` ones after their delay. {i: (status, body) or "cancelled"}."""
-    out: dict = {}
-    sem = asyncio.Semaphore(CONCURRENCY)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout,
-                                     connector=aiohttp.TCPConnector(limit=0)) as s:
-        async def one(i: int) -> None:
-            async def call():
-                async with s.post(urls[i // 2 % 2], json=doc(pair(i))) as r:
-                    return r.status, await r.json(content_type=None)
-            async with sem:
-                task = asyncio.ensure_future(call())
-                if i in doomed:
-                    asyncio.get_running_loop().call_later(doomed[i], task.cancel)
-                try:
-                    out[i] = await task
-                except asyncio.CancelledError:
-                    out[i] = "cancelled"
-        await asyncio.gather(*(one(i) for i in ids))
-    return out
-
-
-async def soak_client(client: RaybatchClient, ids: list[int], doomed: dict[int, float]) -> dict:
+async def run_with_cancels(call, ids: list[int], doomed: dict[int, float]) -> dict:
+    """`call(i)` for each i in `ids`, CONCURRENCY at once, cancelling `doomed` ones after
+    their delay. {i: its result, the exception it raised, or "cancelled"}."""
     out: dict = {}
     sem = asyncio.Semaphore(CONCURRENCY)
 
     async def one(i: int) -> None:
         async with sem:
-            task = asyncio.ensure_future(
-                client.infer("sq", {"INPUT0": np.array(pair(i), np.float32)}))
+            task = asyncio.ensure_future(call(i))
             if i in doomed:
                 asyncio.get_running_loop().call_later(doomed[i], task.cancel)
             try:
                 out[i] = await task
             except asyncio.CancelledError:
                 out[i] = "cancelled"
-            except Exception as e:  # counted as lost/wrong below
+            except Exception as e:  # counted as lost/wrong by the caller
                 out[i] = e
     await asyncio.gather(*(one(i) for i in ids))
     return out
+
+
+async def soak_http(urls: list[str], ids: list[int], doomed: dict[int, float]) -> dict:
+    """Send request i (i in `ids`, every other one) to urls[i // 2 % 2]; hang up on
+    `doomed` ones after their delay. {i: (status, body), an exception, or "cancelled"}."""
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout,
+                                     connector=aiohttp.TCPConnector(limit=0)) as s:
+        async def call(i: int):
+            async with s.post(urls[i // 2 % 2], json=doc(pair(i))) as r:
+                return r.status, await r.json(content_type=None)
+        return await run_with_cancels(call, ids, doomed)
+
+
+async def soak_client(client: RaybatchClient, ids: list[int], doomed: dict[int, float]) -> dict:
+    return await run_with_cancels(
+        lambda i: client.infer("sq", {"INPUT0": np.array(pair(i), np.float32)}), ids, doomed)
 
 
 def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_app):
@@ -201,7 +194,8 @@ def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_a
             rss[k].append(rss_bytes(p[0]))
     statuses: dict = {}
     for got in http.values():
-        key = got if got == "cancelled" else got[0]
+        key = (got[0] if isinstance(got, tuple)
+               else got if got == "cancelled" else type(got).__name__)
         statuses[key] = statuses.get(key, 0) + 1
     print(f"\nsoak: {n} requests in {took:.1f} s ({n / took:.0f}/s), {len(doomed)} cancels "
           f"sent, {cancelled} took effect at the caller, {at_actor_cancelled} at the batching "
