@@ -246,7 +246,10 @@ class ModelConfig(BaseModel):
 
     @property
     def batcher_num_cpus(self) -> float:
-        """CPUs each batching actor asks Ray for: its own and its in-process replicas'."""
+        """CPUs each batching actor asks Ray for: its own and its in-process replicas';
+        0 when the engine runs in the ingress (there is no batching actor)."""
+        if self.batcher.placement != "actor":
+            return 0.0
         return self.batcher.num_cpus + self.replicas.host_cpus(self.batcher.shards)
 
     def bounded(self) -> ModelConfig:

@@ -177,4 +177,4 @@ def test_the_engines_process_reserves_its_in_process_replicas_cpus():
          "batcher": {"placement": "actor", "num_cpus": 0.1}}]})
     assert cfg.ingress_num_cpus == 0.5 + 0.25
     _, b, c = cfg.models
-    assert c.batcher_num_cpus == 0.1 + 0.5 and b.batcher_num_cpus == 0.0
+    assert c.batcher_num_cpus == 0.1 + 0.5 and b.batcher_num_cpus == 0.0  # b: no actor
