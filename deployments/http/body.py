@@ -48,9 +48,11 @@ class BodyReader:
         loop = self._watch(task)
         chunks: list[bytes] = []
         size = 0
+        messages = 0
         try:
             while True:
                 message = await receive()
+                messages += 1
                 kind = message["type"]
                 if kind == "http.disconnect":
                     raise ClientGone("the client hung up while sending the body")
@@ -69,6 +71,12 @@ class BodyReader:
             if task not in self._stalled:
                 raise
             _uncancel(task)
+            if not messages:  # nothing at all: the resent request of a dead ingress replica
+                raise BodyTimeout(
+                    f"the request body stalled: none of it arrived within {self.timeout_s:g} "
+                    "s; send the whole body promptly (through Serve's proxy, a request "
+                    "whose ingress replica died is resent without its body: send it "
+                    "again)") from None
             raise BodyTimeout(f"the request body stalled: no bytes for {self.timeout_s:g} "
                               "s; send the whole body promptly") from None
         finally:

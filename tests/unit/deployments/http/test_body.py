@@ -85,6 +85,19 @@ def test_a_body_that_stalls_is_a_408():
     assert info.value.http_status == 408 and "stalled" in str(info.value)
 
 
+def test_a_body_of_which_nothing_arrives_says_the_request_may_have_been_resent():
+    # Serve's proxy resends a request whose ingress replica died without its body
+    # (benchmarks/results/session4/reliability.md): the 408 says so, and what to do.
+    feed = Feed([None])
+    with pytest.raises(BodyTimeout) as info:
+        read(feed, timeout_s=0.05)
+    assert "none of it arrived" in str(info.value) and "send it again" in str(info.value)
+    part = Feed([b"x" * 10, None])
+    with pytest.raises(BodyTimeout) as info:
+        read(part, timeout_s=0.05)
+    assert "no bytes for" in str(info.value) and "resent" not in str(info.value)
+
+
 def test_the_timeout_counts_from_the_last_piece():
     async def slow_pieces():
         feed = Feed([b"a", b"b", b"c", b"d"])
