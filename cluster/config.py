@@ -138,9 +138,12 @@ class BatcherConfig(BaseModel):
     the requests of every ingress replica together; one more Ray hop per bundle.
     `ingress`: each ingress replica runs the engine itself and sends batches straight to
     its own share of the model's replicas (one hop fewer; batches form per ingress
-    replica, as with `@serve.batch`). Only dynamic batching can run in the ingress.
-    Left out: `ingress` for dynamic batching with one shard (measured faster on every
-    path but the client's; README), `actor` otherwise."""
+    replica, as with `@serve.batch`; no batching actor process to start). Sequence
+    (stateful) models may run in the ingress only with `ingress.num_replicas: 1` (a
+    sequence must stay on one engine); iterative ones with any number (each ingress
+    replica generates its own requests). Left out: `ingress` for dynamic batching with
+    one shard (measured faster on every path but the client's; README), `actor`
+    otherwise."""
     shards: int = Field(default=1, ge=1)
     """Batching actors for this model (placement `actor`); each owns its share of the
     replicas."""
@@ -274,12 +277,6 @@ class ModelConfig(BaseModel):
     def _placement(self) -> ModelConfig:
         if self.batcher.placement != "ingress":
             return self
-        kind = self.batching.kind
-        if kind != "dynamic":
-            raise ValueError(
-                f"batcher.placement='ingress' with batching.kind={kind!r}: sequence and "
-                "iterative models keep each sequence on one batching actor, so only dynamic "
-                "batching can run in the ingress; set batcher.placement to 'actor'")
         if self.batcher.shards != 1:
             raise ValueError(
                 f"batcher.shards={self.batcher.shards} with batcher.placement='ingress': each "
@@ -343,6 +340,22 @@ class RaybatchConfig(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"model names {dup} appear more than once: names must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _sequences_in_one_ingress(self) -> RaybatchConfig:
+        """A sequence's state lives in the engine that started it: in the ingress, only
+        one ingress replica may exist, or Serve could send its next request elsewhere."""
+        n = self.ingress.num_replicas
+        stateful = [m.name for m in self.models if m.batcher.placement == "ingress"
+                    and m.batching.kind == "sequence"]
+        if stateful and n != 1:
+            raise ValueError(
+                f"models {stateful} are stateful (batching.kind='sequence') with "
+                f"batcher.placement='ingress', and ingress.num_replicas={n}: Serve may send "
+                "a sequence's requests to different ingress replicas, each with its own "
+                "engine, so they would not find their sequence; set ingress.num_replicas to 1, "
+                "or batcher.placement to 'actor' for those models")
         return self
 
     def model(self, name: str) -> ModelConfig:
