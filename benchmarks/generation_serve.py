@@ -83,7 +83,9 @@ def app_config(max_active: int, model_cpus: float, ingress_cpus: float,
                              "pin": "off"}}
 
     return {"app_name": APP_NAME,
-            "ingress": {"num_replicas": 1, "num_cpus": ingress_cpus, "route_prefix": "/"},
+            # one client process opens every stream: lift the per-client stream limit
+            "ingress": {"num_replicas": 1, "num_cpus": ingress_cpus, "route_prefix": "/",
+                        "max_streams_per_client": 4096},
             "models": [model(m) for m in MODES]}
 
 
