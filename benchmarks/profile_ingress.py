@@ -1,7 +1,8 @@
-"""Where the ingress replica's CPU goes per HTTP request, on the product path.
+"""Where the ingress replica's CPU goes per HTTP (or handle) request, on the product path.
 
     python -m benchmarks.profile_ingress [--models mlp sleep] [--concurrency 128]
-        [--duration 3] [--json-http] [--out DIR]
+        [--duration 3] [--json-http] [--out DIR] [--variant ingress+idle+inproc]
+        [--path http|handle]
 
 Per model: one Raybatch app (`batcher.placement: ingress`, `idle_dispatch`, direct
 ingress with Raybatch's fast path, as `benchmarks.serve_compare --variants ingress+idle`
@@ -11,7 +12,9 @@ system (the kernel: sockets, epoll, wake-ups), and the model replicas' too; the 
 runs `py-spy record --nonblocking --gil` on the ingress replica meanwhile and writes its
 samples (`--format raw`) and a summary of them: each function's self and inclusive
 share, and the shares of the cost groups (uvicorn, Raybatch's HTTP front, the codec,
-route, engine, Ray) that the figures are argued from.
+route, engine, Ray) that the figures are argued from. `--path handle` drives the app's
+DeploymentHandle instead (`handle.infer.remote`, C callers in a closed loop, from this
+process); `--variant` picks the app as `serve_compare --variants` does.
 """
 
 from __future__ import annotations
@@ -23,11 +26,18 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_compare import FULL, apps, configure_environment, deploy, undeploy
+from benchmarks.serve_compare import (
+    FULL,
+    RAYBATCH_VARIANTS,
+    apps,
+    configure_environment,
+    deploy,
+    undeploy,
+)
 
 CLOCK = os.sysconf("SC_CLK_TCK")
 # Cost groups, by the first match of a frame's file (a frame is "function (file:line)").
@@ -94,39 +104,82 @@ def group_of(frames: list[str]) -> str:
     return "other"
 
 
+@dataclass
+class Load:
+    """What one window of load did: requests answered, their rate, errors, client CPU."""
+
+    requests: int
+    throughput_rps: float
+    errors: int
+    client_cpu_us_per_req: float
+
+
+async def drive_handle(handle: Any, name: str, x: Any, c: int, duration_s: float) -> Load:
+    """C callers of `handle.infer.remote(name, ...)` in a closed loop for `duration_s`."""
+    stop = time.monotonic() + duration_s
+    done = [0, 0]
+
+    async def caller() -> None:
+        while time.monotonic() < stop:
+            try:
+                await handle.infer.remote(name, {"INPUT0": x})
+                done[0] += 1
+            except Exception:  # counted, not raised: the window goes on
+                done[1] += 1
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    await asyncio.gather(*(caller() for _ in range(c)))
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    return Load(done[0], done[0] / wall, done[1], cpu / max(done[0], 1) * 1e6)
+
+
 async def profile_model(name: str, c: int, duration_s: float, binary: bool,
-                        out: Path) -> dict[str, Any]:
+                        out: Path, variant: str = "ingress+idle",
+                        path: str = "http") -> dict[str, Any]:
+    from ray import serve
+
     from benchmarks.serve_drivers import http_body, http_url
     from benchmarks.serve_models import bench_models
     from benchmarks.wrk import run_wrk
 
-    s = replace(FULL, variants=("ingress+idle",), peers=(), binary_http=binary)
+    s = replace(FULL, variants=(variant,), peers=(), binary_http=binary)
     model = bench_models()[name]
     await asyncio.to_thread(deploy, model, s)
-    app, prefix = apps(s)["rb:ingress+idle"]
-    url = await http_url(app, prefix, model.name, s.port, True)
-    data, headers = http_body(model.payloads(1)[0], binary)
+    app, prefix = apps(s)[f"rb:{variant}"]
+    if path == "handle":
+        handle, x = serve.get_app_handle(app), model.payloads(1)[0]
+
+        async def load(seconds: float) -> Any:
+            return await drive_handle(handle, model.name, x, c, seconds)
+    else:
+        url = await http_url(app, prefix, model.name, s.port, True)
+        data, headers = http_body(model.payloads(1)[0], binary)
+
+        async def load(seconds: float) -> Any:
+            return await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
+                                           duration_s=seconds)
     [ingress] = pids_titled(f"ray::ServeReplica:{app}:Ingress")
     replicas = pids_titled("ray::ModelReplica")
-    await asyncio.to_thread(run_wrk, url, data, headers, connections=c, duration_s=1)
+    await load(1)
     u0, s0 = user_sys_s(ingress)
     m0 = sum(sum(user_sys_s(p)) for p in replicas)
-    r = await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
-                                duration_s=duration_s)
+    r = await load(duration_s)
     u1, s1 = user_sys_s(ingress)
     m1 = sum(sum(user_sys_s(p)) for p in replicas)
     n = r.requests
-    tag = f"{name}_{'binary' if binary else 'json'}_c{c}"
+    body = "handle" if path == "handle" else "binary" if binary else "json"
+    suffix = "" if variant == "ingress+idle" else "_" + variant.replace("+", "-")
+    tag = f"{name}_{body}_c{c}{suffix}"
     raw = out / f"pyspy_ingress_{tag}.raw"
     spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
                             str(ingress), "--duration", str(int(duration_s)), "--rate", "200",
                             "--format", "raw", "--nonblocking", "--gil", "-o", str(raw)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    spied = await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
-                                    duration_s=duration_s)
+    spied = await load(duration_s)
     spy.wait(timeout=60)
     await asyncio.to_thread(undeploy, s)
-    result = {"model": name, "concurrency": c, "binary": binary,
+    result = {"model": name, "concurrency": c, "binary": binary, "variant": variant,
+              "path": path,
               "throughput_rps": r.throughput_rps, "errors": r.errors,
               "ingress_user_us_per_req": (u1 - u0) / n * 1e6,
               "ingress_sys_us_per_req": (s1 - s0) / n * 1e6,
@@ -154,7 +207,7 @@ async def main_async(args: argparse.Namespace) -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": FULL.port})
         for name in args.models:
             await profile_model(name, args.concurrency, args.duration, not args.json_http,
-                                Path(args.out))
+                                Path(args.out), args.variant, args.path)
     finally:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
         await serve.shutdown_async()
@@ -168,8 +221,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--json-http", action="store_true")
     ap.add_argument("--out", default=".", help="where the samples and summaries go")
+    ap.add_argument("--variant", default="ingress+idle", choices=RAYBATCH_VARIANTS)
+    ap.add_argument("--path", default="http", choices=("http", "handle"))
     args = ap.parse_args()
-    configure_environment(replace(FULL, variants=("ingress+idle",), peers=()))
+    configure_environment(replace(FULL, variants=(args.variant,), peers=()))
     t0 = time.perf_counter()
     asyncio.run(main_async(args))
     print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)

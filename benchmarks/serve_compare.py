@@ -9,10 +9,11 @@
 Per model, one-replica apps run side by side on one Serve HTTP port: `serve` (no
 batching), `serve.batch` (`@serve.batch`, same max batch size and delay) and one
 Raybatch app per `--variants` entry (`rb:<variant>`: `batcher.placement` actor or
-ingress, `+idle` for `idle_dispatch`); see `benchmarks.serve_apps` for what is kept
-equal. Each is driven closed-loop at every C through its handle (and Raybatch also
-through `RaybatchClient`, `rb:<variant>/client`) and over HTTP (binary OIP tensors
-both ways, the same codec on all; `wrk` by default, whose own CPU is small). Reported
+ingress, `+idle` for `idle_dispatch`, `+inproc` for `replicas.in_process`); see
+`benchmarks.serve_apps` for what is kept equal. Each is driven closed-loop at every C
+through its handle (and Raybatch also through `RaybatchClient`, `rb:<variant>/client`)
+and over HTTP (binary OIP tensors both ways, the same codec on all; `wrk` by default,
+whose own CPU is small). Reported
 per point: throughput, p50/p99, mean batch size, CPU per request of the client, of
 the system's own processes (its ingress or Serve replica, batching actors, model
 replicas), of the HTTP front (Serve proxy or HAProxy), of the controller, and of the
@@ -61,7 +62,8 @@ CONCURRENCIES = (1, 16, 128, 512)
 VARIANTS = ("direct", "proxy", "haproxy")
 PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched")}
 RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
-                     "ingress+access", "ingress+idle+access")
+                     "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
+                     "ingress+inproc", "actor+idle+inproc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +360,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="JSON tensors over HTTP instead of the binary extension")
     ap.add_argument("--variants", nargs="+", choices=RAYBATCH_VARIANTS,
                     default=["actor", "ingress"],
-                    help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch")
+                    help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch, "
+                         "+inproc = replicas.in_process")
     ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=list(PEERS),
                     help="Serve baselines to run beside Raybatch")
     ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",

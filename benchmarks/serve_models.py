@@ -100,10 +100,12 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
                     variant: str = "actor") -> dict[str, Any]:
     """The Raybatch config dict of an app serving just `model` (for `load_config`).
     `variant`: `actor` or `ingress` (`batcher.placement`), then `+idle` for
-    `idle_dispatch`, `+access` for Serve's access log (at INFO)."""
+    `idle_dispatch`, `+access` for Serve's access log (at INFO), `+inproc` for the
+    replica in the engine's process (`replicas.in_process`)."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
     m["batcher"] = {**m.get("batcher", {}), "placement": placement}
+    m["replicas"] = {**m["replicas"], "in_process": "inproc" in flags}
     m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags}
     return {"app_name": app_name,
             "ingress": {"num_replicas": 1, "num_cpus": 0.5, "route_prefix": route_prefix,

@@ -92,6 +92,15 @@ class ReplicaConfig(BaseModel):
     the replica has whole cores and the cluster advertises numa<N> resources (started by
     `raybatch up` / `raybatch join`) or it has a GPU; run unpinned, with a warning, when
     the cores are taken. `required`: pin or fail to start. `off`: never pin."""
+    in_process: bool = False
+    """Run each replica inside the process of the model's engine (the ingress replica for
+    `batcher.placement: ingress`, else the batching actor), on a thread of its own, as
+    `@serve.batch` runs a model: no Ray call per batch and no process to start (about 2 s
+    of CPU each at start-up). The engine's process then reserves `num_cpus` per replica.
+    For light CPU models and small machines: the model shares that process's cores and
+    GIL with the front, is not pinned, and a batch past `batch_timeout_s` cannot be
+    stopped (its replica is dropped and replaced; the stuck thread ends when the model
+    returns). GPU models keep replica actors."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaConfig:
@@ -101,7 +110,26 @@ class ReplicaConfig(BaseModel):
         if self.pin == "required" and self.num_cpus < 1:
             raise ValueError(f"pin='required' with num_cpus={self.num_cpus}: a pinned replica "
                              f"takes whole cores; raise num_cpus to >= 1 or set pin to 'auto'")
+        if self.in_process:
+            self._check_in_process()
         return self
+
+    def _check_in_process(self) -> None:
+        own = [f"num_gpus={self.num_gpus}" if self.num_gpus else "",
+               "pin='required'" if self.pin == "required" else "",
+               f"resources={self.resources}" if self.resources else "",
+               f"env={self.env}" if self.env else ""]
+        own = [o for o in own if o]
+        if own:
+            raise ValueError(f"in_process=true with {', '.join(own)}: an in-process replica "
+                             "shares its host's process, so it gets no GPU, cores, custom "
+                             "resources or environment of its own; drop those settings or "
+                             "set in_process to false (a replica actor of its own)")
+
+    def host_cpus(self, parts: int = 1) -> float:
+        """CPUs one of `parts` engine processes reserves for its in-process replicas (its
+        share of `max_replicas`, rounded up); 0 when the replicas are actors."""
+        return self.num_cpus * -(-self.max_replicas // parts) if self.in_process else 0.0
 
 
 class WarmupConfig(BaseModel):
@@ -148,7 +176,8 @@ class BatcherConfig(BaseModel):
     """Batching actors for this model (placement `actor`); each owns its share of the
     replicas."""
     num_cpus: float = Field(default=0.0, ge=0)
-    """CPUs each batching actor reserves (placement `actor`)."""
+    """CPUs each batching actor reserves (placement `actor`), besides what its in-process
+    replicas reserve (`replicas.in_process`)."""
 
 
 class LimitsConfig(BaseModel):
@@ -217,6 +246,11 @@ class ModelConfig(BaseModel):
     def max_request_items(self) -> int:
         """Most items one request may carry (`limits.max_request_items`, or its default)."""
         return self.limits.max_request_items or 16 * self.batch_size
+
+    @property
+    def batcher_num_cpus(self) -> float:
+        """CPUs each batching actor asks Ray for: its own and its in-process replicas'."""
+        return self.batcher.num_cpus + self.replicas.host_cpus(self.batcher.shards)
 
     def bounded(self) -> ModelConfig:
         """This config with the default queue bound (`limits.queue_batches`) written into
@@ -357,6 +391,14 @@ class RaybatchConfig(BaseModel):
                 "engine, so they would not find their sequence; set ingress.num_replicas to 1, "
                 "or batcher.placement to 'actor' for those models")
         return self
+
+    @property
+    def ingress_num_cpus(self) -> float:
+        """CPUs each ingress replica asks Ray for: its own (`ingress.num_cpus`) and those
+        of the in-process replicas of the models whose engine it runs."""
+        parts = self.ingress.num_replicas
+        return self.ingress.num_cpus + sum(m.replicas.host_cpus(parts) for m in self.models
+                                           if m.batcher.placement == "ingress")
 
     def model(self, name: str) -> ModelConfig:
         """The model named `name`; KeyError if there is none."""

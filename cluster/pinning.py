@@ -407,6 +407,7 @@ def apply_threads(n: int) -> None:
 
 
 def torch_threads() -> int | None:
-    """torch's intra-op thread count as it is now; None when torch is not loaded."""
-    torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else None
+    """torch's intra-op thread count as it is now; None when torch is not loaded, or not
+    yet: another thread of this process may be importing it (an in-process replica)."""
+    get = getattr(sys.modules.get("torch"), "get_num_threads", None)
+    return get() if get is not None else None

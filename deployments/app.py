@@ -35,7 +35,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
             actor_class=BatcherActor,
             init_kwargs={"model_json": m.model_dump_json(), "shard": shard,
                          "metrics_json": config.metrics.model_dump_json()},
-            actor_options={"num_cpus": m.batcher.num_cpus, "max_concurrency": 10_000, **env},
+            actor_options={"num_cpus": m.batcher_num_cpus, "max_concurrency": 10_000, **env},
         )
         for m in config.models if m.batcher.placement == "actor"  # else: in the ingress
         for shard in range(m.batcher.shards)
@@ -44,7 +44,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
     deployment = Ingress.options(
         num_replicas=config.ingress.num_replicas,
         # REPLICA_ENV: the HTTP fast path, when the cluster runs Serve's direct ingress
-        ray_actor_options={"num_cpus": config.ingress.num_cpus,
+        ray_actor_options={"num_cpus": config.ingress_num_cpus,
                            "runtime_env": {"env_vars": {
                                **REPLICA_ENV, **python_path_env(config.python_path)}}},
         deployment_actors=actors,

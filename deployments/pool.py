@@ -1,7 +1,9 @@
-"""The replica pool of one model: Ray actors, their clients, and scaling on queue depth.
+"""The replica pool of one model: its replicas, their clients, and scaling on queue depth.
 
-The batching actor owns the replicas (they are created from it, so they die
-with it: deleting the app leaves none behind). The pool keeps between
+The engine's process (a batching actor, or an ingress replica) owns the replicas:
+actors created from it (so they die with it: deleting the app leaves none behind),
+or, with `replicas.in_process`, threads of its own (`deployments.inprocess`); the
+pool treats both through the same client (`info`, `stop`, `placed`). The pool keeps between
 `min_replicas` and `max_replicas` alive: it adds one when queued items per
 replica exceed `scale_up_queue_items`, removes one after `scale_down_idle_s`
 with nothing queued, and replaces a replica that died. A replica that cannot
@@ -28,6 +30,7 @@ from batching.loop import ReplicaDied, ReplicaHung
 from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
+from deployments.inprocess import InProcessClient
 from deployments.metrics import PoolSnapshot
 from deployments.replica import ModelReplica, ReplicaSetupError
 
@@ -59,7 +62,8 @@ def _python_path() -> dict[str, str]:
 
 
 class RayReplicaClient:
-    """`ReplicaClient` over a `ModelReplica` actor: one Ray call per batch.
+    """The client of one replica actor (`ModelReplica`, `SequenceReplica` or `StepReplica`):
+    one Ray call per batch, release or generation step; the host calls what its kind uses.
 
     A call that has not returned `timeout_s` after it was sent (`replicas.batch_timeout_s`)
     means a hung model: a timer kills the actor, so every call on it ends (ReplicaDied:
@@ -76,6 +80,21 @@ class RayReplicaClient:
 
     async def run(self, items: Any) -> tuple[Any, float]:
         return await self._call(self.actor.run, items)
+
+    async def release(self, sequence_ids: list[Any]) -> None:
+        await self._call(self.actor.release, sequence_ids)
+
+    async def step(self, join: list[Any], leave: list[Any]) -> tuple[list[Any], float]:
+        return await self._call(self.actor.step, join, leave)
+
+    async def info(self) -> dict[str, Any]:
+        return await self.actor.info.remote()
+
+    def placed(self) -> bool:
+        return _placed(self.actor)
+
+    def stop(self) -> None:
+        ray.kill(self.actor, no_restart=True)
 
     async def _call(self, method: Any, *args: Any) -> Any:
         hung: list[float] = []  # set by the timer when this call ran past timeout_s
@@ -105,32 +124,19 @@ class RayReplicaClient:
         hung.append(time.monotonic())
         log.error("%s ran a batch for more than batch_timeout_s=%s s: stopping it as hung",
                   self.name, self.timeout_s)
-        ray.kill(self.actor, no_restart=True)
+        self.stop()
 
 
-class SequenceReplicaClient(RayReplicaClient):
-    """`SequenceReplicaClient` over a `SequenceReplica`: batches, and idle releases."""
-
-    async def release(self, sequence_ids: list[Any]) -> None:
-        await self._call(self.actor.release, sequence_ids)
+ReplicaClient = RayReplicaClient | InProcessClient
 
 
-class StepReplicaClient(RayReplicaClient):
-    """`StepReplicaClient` over a `StepReplica`: one call per generation step."""
-
-    async def step(self, join: list[Any], leave: list[Any]) -> tuple[list[Any], float]:
-        return await self._call(self.actor.step, join, leave)
-
-
-def _replica_classes(kind: str) -> tuple[type, type]:
-    """The replica actor class and its client class for a model of `kind`."""
+def _replica_class(kind: str) -> type:
+    """The replica class (an actor's, or an in-process replica's) for a model of `kind`."""
     if kind == "dynamic":
-        return ModelReplica, RayReplicaClient
+        return ModelReplica
     from deployments.stateful_replica import SequenceReplica, StepReplica
 
-    if kind == "sequence":
-        return SequenceReplica, SequenceReplicaClient
-    return StepReplica, StepReplicaClient
+    return SequenceReplica if kind == "sequence" else StepReplica
 
 
 class ReplicaPool:
@@ -139,7 +145,7 @@ class ReplicaPool:
         self.host = host
         self.record_metrics = record_metrics
         self.desired = max(1, config.replicas.min_replicas)
-        self._actor_class, self._client_class = _replica_classes(config.batching.kind)
+        self._replica_class = _replica_class(config.batching.kind)
         self._json = config.model_dump_json()
         self._indices = itertools.count()
         self._starting: dict[int, Any] = {}
@@ -176,35 +182,40 @@ class ReplicaPool:
     async def _add(self) -> None:
         await self._serve(*self._create())
 
-    def _create(self) -> tuple[int, Any]:
+    def _create(self) -> tuple[int, ReplicaClient]:
         index = next(self._indices)
-        actor = ray.remote(concurrency_groups={"control": 1})(self._actor_class).options(
-            **self._actor_options()).remote(self._json, index, self.record_metrics)
-        self._starting[index] = actor
-        return index, actor
+        r = self.config.replicas
+        if r.in_process:
+            client: ReplicaClient = InProcessClient(self._replica_class, self._json, index,
+                                                    self.record_metrics, r.batch_timeout_s)
+        else:
+            actor = ray.remote(concurrency_groups={"control": 1})(self._replica_class).options(
+                **self._actor_options()).remote(self._json, index, self.record_metrics)
+            client = RayReplicaClient(actor, index, r.batch_timeout_s)
+        self._starting[index] = client
+        return index, client
 
-    async def _serve(self, index: int, actor: Any) -> None:
-        ready = asyncio.ensure_future(_await(actor.info.remote()))
+    async def _serve(self, index: int, client: ReplicaClient) -> None:
+        ready = asyncio.ensure_future(client.info())
         try:
             while True:
                 done, _ = await asyncio.wait([ready], timeout=PENDING_WARN_S)
                 if done:
-                    self._check_ready(index, actor, ready.result())
+                    self._check_ready(index, client, ready.result())
                     break
-                self._report_pending(index, actor)
+                self._report_pending(index, client)
         except Exception as e:
             log.error("replica-%d of %s failed to start: %s", index, self.config.name, e)
             raise
         finally:
             self._starting.pop(index, None)
-        self.host.add_replica(self._client_class(actor, index,
-                                                 self.config.replicas.batch_timeout_s))
+        self.host.add_replica(client)
 
-    def _report_pending(self, index: int, actor: Any) -> None:
+    def _report_pending(self, index: int, client: ReplicaClient) -> None:
         """Warn about a replica that is not placed (normal while an autoscaler adds a node;
         silent pending is not); one that is placed and still building its model is not a
         problem to warn about (a slow setup on a busy machine): that is logged at INFO."""
-        if _placed(actor):
+        if client.placed():
             log.info("%s replica-%d is placed and still starting after %.0f s",
                      self.config.name, index, PENDING_WARN_S)
             return
@@ -213,10 +224,10 @@ class ReplicaPool:
                     self.config.name, index, PENDING_WARN_S, self._demand(),
                     ray.available_resources())
 
-    def _check_ready(self, index: int, actor: Any, info: dict[str, Any]) -> None:
+    def _check_ready(self, index: int, client: ReplicaClient, info: dict[str, Any]) -> None:
         """Fail the start when the replica could not build its model; log time to ready."""
         if info.get("error"):
-            ray.kill(actor, no_restart=True)
+            client.stop()
             raise ReplicaSetupError(f"model {self.config.name!r}: replica-{index} cannot "
                                     f"serve: {info['error']}")
         log.info("%s replica-%d ready in %.2f s (setup %.2f s, warm-up %.2f s, batch sizes "
@@ -232,7 +243,7 @@ class ReplicaPool:
         r = self.config.replicas
         return {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {}), **r.resources}
 
-    def replaced(self, client: RayReplicaClient) -> None:
+    def replaced(self, client: ReplicaClient) -> None:
         """A replica died: start another in its place (called by the host)."""
         log.warning("replacing %s of model %s", client.name, self.config.name)
         # Created now, not in the task: the new replica must count as starting before the
@@ -266,8 +277,7 @@ class ReplicaPool:
         # node for, so that node can go idle and be removed (the oldest stay where they were).
         victim = min(self.host.replicas, key=lambda c: (self.host.outstanding(c), -c.index))
         self.host.remove_replica(victim)
-        assert isinstance(victim, RayReplicaClient)
-        ray.kill(victim.actor, no_restart=True)
+        victim.stop()
         log.info("scaled %s of %s down", victim.name, self.config.name)
 
     def snapshot(self) -> PoolSnapshot:
@@ -277,9 +287,8 @@ class ReplicaPool:
     async def info(self) -> list[dict[str, Any]]:
         out = []
         for client in self.host.replicas:
-            assert isinstance(client, RayReplicaClient)
             try:
-                info = await client.actor.info.remote()
+                info = await client.info()
                 info["state"] = "ALIVE"
             except Exception as e:
                 info = {"index": client.index, "state": f"DEAD ({type(e).__name__})"}

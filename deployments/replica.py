@@ -9,7 +9,9 @@ threads, GPU ids) so `raybatch status` shows the truth.
 `OMP_NUM_THREADS` comes from the runtime env (set by the pool from `num_cpus`):
 `torch.set_num_threads` alone left a spinning thread. With `record_metrics`, it
 records each batch's compute time itself (`raybatch_batch_compute_seconds`), so
-the series comes from the node the model runs on.
+the series comes from the node the model runs on. The same class, built with
+`in_process=True`, is an in-process replica (`deployments.inprocess`): then it
+never pins, since the process is its host's.
 
 Before it reports ready, a replica of a dynamic model warms up (Triton's
 model_warmup, `deployments.warmup`): it runs synthesized or configured batches of
@@ -32,11 +34,12 @@ import ray
 from batching.errors import RaybatchError
 from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
-from cluster.pinning import pin_replica, torch_threads
+from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
 from deployments.metrics import ReplicaMetrics
 from deployments.warmup import warm_up
 
 log = logging.getLogger(__name__)
+IN_PROCESS_NOTE = "in process: runs on its host's cores (replicas.in_process)"
 
 
 class ReplicaSetupError(RaybatchError):
@@ -47,17 +50,19 @@ class ReplicaSetupError(RaybatchError):
 
 
 class ModelReplica:
-    def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
+    def __init__(self, model_json: str, index: int, record_metrics: bool = False,
+                 in_process: bool = False) -> None:
         started = time.perf_counter()
         self.config = ModelConfig.model_validate_json(model_json)
         self.index = index
-        gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus else []
+        self.in_process = in_process  # built by deployments.inprocess: never pins its host
+        gpu_ids = ray.get_gpu_ids() if self.config.replicas.num_gpus and not in_process else []
         # Pinned before the model (and torch) load, so its threads start on their cores.
-        self.placement = pin_replica(self.config.replicas, gpu_ids,
-                                     owner=f"{self.config.name} replica-{index}")
+        self.placement = ReplicaPlacement(False, note=IN_PROCESS_NOTE) if in_process else \
+            pin_replica(self.config.replicas, gpu_ids, owner=f"{self.config.name} replica-{index}")
         self.device = "cuda" if gpu_ids else "cpu"
         self._gpu_ids = [str(g) for g in gpu_ids]
-        self._node_id = ray.get_runtime_context().get_node_id()
+        self._node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         # After pinning: whatever threads Ray's metrics start run on this replica's cores.
         self._metrics = ReplicaMetrics(self.config) if record_metrics else None
         self.model: Any = None
@@ -102,6 +107,7 @@ class ModelReplica:
         return {
             "index": self.index,
             **({"error": self.error} if self.error else {}),
+            "in_process": self.in_process,
             **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,

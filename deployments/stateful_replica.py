@@ -22,8 +22,9 @@ from deployments.replica import ModelReplica
 
 
 class SequenceReplica(ModelReplica):
-    def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
-        super().__init__(model_json, index, record_metrics)
+    def __init__(self, model_json: str, index: int, record_metrics: bool = False,
+                 in_process: bool = False) -> None:
+        super().__init__(model_json, index, record_metrics, in_process)
         self.store = StateStore(self.model)
 
     def run(self, batch: SequenceBatchInput) -> tuple[list[Any], float]:  # type: ignore[override]
@@ -39,8 +40,9 @@ class SequenceReplica(ModelReplica):
 
 
 class StepReplica(ModelReplica):
-    def __init__(self, model_json: str, index: int, record_metrics: bool = False) -> None:
-        super().__init__(model_json, index, record_metrics)
+    def __init__(self, model_json: str, index: int, record_metrics: bool = False,
+                 in_process: bool = False) -> None:
+        super().__init__(model_json, index, record_metrics, in_process)
         self.generator = Generator(self.model)
 
     def step(self, join: Sequence[Join], leave: Sequence[Any]) -> tuple[list[StepOutput], float]:

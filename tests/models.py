@@ -72,14 +72,19 @@ class TokenStats(VectorTransformer):
 
 
 class HangOnNegative(VectorTransformer):
-    """FP32 [-1] → x + 1; a batch holding a negative item hangs (until the process dies)."""
+    """FP32 [-1] → x + 1; a batch holding a negative item hangs (until the process dies,
+    or for `hang_s`: an in-process replica's thread cannot be killed, so its tests bound it)."""
+
+    def __init__(self, hang_s: float | None = None) -> None:
+        self.hang_s = hang_s
 
     def preprocess(self, items: Sequence[Any]) -> np.ndarray:
         return np.asarray(items, dtype=np.float32)
 
     def transform(self, xs: np.ndarray) -> np.ndarray:
-        while (xs < 0).any():
-            time.sleep(0.1)
+        give_up = time.monotonic() + (self.hang_s if self.hang_s is not None else float("inf"))
+        while (xs < 0).any() and time.monotonic() < give_up:
+            time.sleep(0.01)
         return xs + 1
 
 

@@ -75,15 +75,19 @@ def replica_ask(model: ModelConfig) -> Ask:
     return Ask(cpus=r.num_cpus, cores=cores, gpus=r.num_gpus)
 
 
-def _model_demands(model: ModelConfig) -> list[Demand]:
+def _model_demands(model: ModelConfig) -> tuple[Demand | None, Demand | None]:
+    """Its replica actors' demand (None when in process: the host asks for them) and its
+    batching actors' (with what their in-process replicas reserve; None when none)."""
     r = model.replicas
-    out = [Demand(f"model {model.name!r} replica", replica_ask(model),
-                  max(1, r.min_replicas), r.max_replicas)]
-    if model.batcher.num_cpus:
-        out.append(Demand(f"model {model.name!r} batching actor",
-                          Ask(cpus=model.batcher.num_cpus), model.batcher.shards,
-                          model.batcher.shards))
-    return out
+    replica = None if r.in_process else Demand(f"model {model.name!r} replica",
+                                               replica_ask(model), max(1, r.min_replicas),
+                                               r.max_replicas)
+    batcher = None
+    if model.batcher.placement == "actor" and model.batcher_num_cpus:
+        batcher = Demand(f"model {model.name!r} batching actor",
+                         Ask(cpus=model.batcher_num_cpus), model.batcher.shards,
+                         model.batcher.shards)
+    return replica, batcher
 
 
 def fits(ask: Ask, workers: CpuWorkers | GpuWorkers) -> bool:
@@ -128,18 +132,23 @@ def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan
     gpu: list[Demand] = []
     first = k8s.cpu_workers[0]
     ingress = config.ingress
-    if ingress.num_cpus:
-        demand = Demand("the ingress", Ask(cpus=ingress.num_cpus), ingress.num_replicas,
+    if config.ingress_num_cpus:
+        demand = Demand("the ingress", Ask(cpus=config.ingress_num_cpus), ingress.num_replicas,
                         ingress.num_replicas)
         if not fits(demand.ask, first):
-            raise RenderError(_too_big(demand, [first], "ingress.num_cpus"))
+            field = "ingress.num_cpus" if config.ingress_num_cpus == ingress.num_cpus else \
+                "ingress.num_cpus, with its in-process replicas' num_cpus"
+            raise RenderError(_too_big(demand, [first], field))
         cpu[first.name].append(demand)
     for model in config.models:
         _check_resources(model)
-        replica, *batcher = _model_demands(model)
-        if batcher and not fits(batcher[0].ask, first):
-            raise RenderError(_too_big(batcher[0], [first], "batcher.num_cpus"))
-        cpu[first.name].extend(batcher)
+        replica, batcher = _model_demands(model)
+        if batcher is not None:
+            if not fits(batcher.ask, first):
+                raise RenderError(_too_big(batcher, [first], "batcher.num_cpus"))
+            cpu[first.name].append(batcher)
+        if replica is None:
+            continue
         if replica.ask.gpus:
             gpu.append(_check_gpu(model, replica, k8s.gpu_workers))
             continue

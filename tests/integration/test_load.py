@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import threading
 import time
 
 import aiohttp
@@ -153,6 +154,37 @@ async def soak_client(client: RaybatchClient, ids: list[int], doomed: dict[int, 
         lambda i: client.infer("sq", {"INPUT0": np.array(pair(i), np.float32)}), ids, doomed)
 
 
+class RssSampler:
+    """Resident memory of some processes every EVERY_S seconds, on a thread of its own,
+    while the block runs: whether memory levels off, not only where it ended."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.series: dict[str, list[float]] = {k: [] for k in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            for k, pid in self.pids.items():
+                try:
+                    self.series[k].append(round(rss_bytes(pid) / 2**20, 1))
+                except OSError:  # the process is gone: the test says so itself
+                    pass
+            if self._stop.wait(self.EVERY_S):
+                return
+
+    def __enter__(self) -> dict[str, list[float]]:
+        self._thread.start()
+        return self.series
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_app):
     handle, direct = load_app
     n, rng = SOAK_REQUESTS, random.Random(11)
@@ -170,7 +202,8 @@ def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_a
                                     soak_client(client, client_ids, doomed))
 
     t0 = time.monotonic()
-    http, direct_calls = arun(main(), timeout_s=600)
+    with RssSampler({k: p[0] for k, p in pids.items() if len(p) == 1}) as series:
+        http, direct_calls = arun(main(), timeout_s=600)
     took = time.monotonic() - t0
     after = stats(handle, "sq")
     lost = [i for i in range(n) if i not in http and i not in direct_calls]
@@ -202,7 +235,8 @@ def test_soak_with_random_cancels_loses_mixes_and_duplicates_nothing(app, load_a
           f"actor; answered {answered}, lost {len(lost)}, wrong {len(wrong)}; the actor "
           f"ended {ended['success']} with a result, {ended['fail']} failed; HTTP statuses "
           f"{statuses}; RSS MiB (before, after): "
-          f"{ {k: [round(v / 2**20, 1) for v in vs] for k, vs in rss.items()} }")
+          f"{ {k: [round(v / 2**20, 1) for v in vs] for k, vs in rss.items()} }; RSS MiB "
+          f"every {RssSampler.EVERY_S:.0f} s: {series}")
     assert not lost, f"{len(lost)} requests never ended: {lost[:5]}"
     assert not wrong, f"{len(wrong)} wrong or failed answers: {wrong[:3]}"
     # duplicated: the actor ended no request twice, nor more requests than were sent; the

@@ -169,3 +169,27 @@ def test_placement_left_out_is_ingress_for_one_shard_of_dynamic_batching_else_ac
     assert placement(batching={"kind": "sequence"}) == "actor"
     assert placement(batching={"kind": "iterative"}) == "actor"
     assert placement(batcher={"placement": "actor"}) == "actor"
+
+
+def test_in_process_replicas_take_nothing_a_process_of_their_own_would():
+    ok = _model(replicas={"in_process": True, "num_cpus": 0.5, "max_replicas": 3})
+    assert ok.replicas.host_cpus() == 1.5 and ok.replicas.host_cpus(parts=2) == 1.0
+    assert _model(replicas={"num_cpus": 0.5}).replicas.host_cpus() == 0.0  # actors: own ask
+    for extra, named in (({"num_gpus": 1}, "num_gpus=1"), ({"pin": "required", "num_cpus": 1},
+                                                           "pin='required'"),
+                         ({"resources": {"numa0": 1}}, "resources="), ({"env": {"A": "1"}},
+                                                                       "env=")):
+        bad(rf"in_process=true with {named}.*set in_process to false",
+            replicas={"in_process": True, **extra})
+
+
+def test_the_engines_process_reserves_its_in_process_replicas_cpus():
+    inproc = {"in_process": True, "num_cpus": 0.25, "max_replicas": 2}
+    cfg = load_config({"ingress": {"num_cpus": 0.5, "num_replicas": 2}, "models": [
+        {**MODEL, "name": "a", "replicas": inproc},  # in the ingress: 1 of 2 replicas each
+        {**MODEL, "name": "b", "replicas": {"num_cpus": 1}},  # its own actors
+        {**MODEL, "name": "c", "replicas": inproc,
+         "batcher": {"placement": "actor", "num_cpus": 0.1}}]})
+    assert cfg.ingress_num_cpus == 0.5 + 0.25
+    _, b, c = cfg.models
+    assert c.batcher_num_cpus == 0.1 + 0.5 and b.batcher_num_cpus == 0.0

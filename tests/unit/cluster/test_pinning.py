@@ -308,3 +308,17 @@ def test_required_pinning_needs_whole_cores_in_the_config():
         ReplicaConfig(num_cpus=0.5, pin="required")
     with pytest.raises(ValidationError, match="'auto', 'required' or 'off'"):
         ReplicaConfig(pin="always")
+
+
+def test_torch_threads_is_none_while_another_thread_is_still_importing_torch(monkeypatch):
+    import sys
+    import types
+
+    from cluster.pinning import torch_threads
+
+    # An in-process replica's info() can run while another replica's thread imports torch:
+    # the module is in sys.modules but not yet filled in.
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    assert torch_threads() is None
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(get_num_threads=lambda: 3))
+    assert torch_threads() == 3

@@ -86,7 +86,7 @@ def test_what_a_replica_asks_for_follows_the_pool():
      r"asks 1 CPUs, 2 GPUs \(replicas\), more than any worker pod has \(gpu: 8 CPUs, 1 GPUs"),
     ([model(num_cpus=1, resources={"fpga": 1})], {},
      r"replicas\.resources names \['fpga'\], which no rendered worker group advertises"),
-    ([{**model(), "batcher": {"num_cpus": 6}}], {},
+    ([{**model(), "batcher": {"placement": "actor", "num_cpus": 6}}], {},
      r"model 'square' batching actor asks 6 CPUs \(batcher\.num_cpus\)"),
     ([model(num_cpus=1, num_gpus=1, resources={"numa0": 1})], {},
      r"model 'square' asks for GPUs and numa<N> cores .* GPU pods advertise no numa<N>"),
@@ -113,3 +113,14 @@ def test_settings_name_the_value_and_the_fix():
         GpuWorkers(memory="8GB")
     with pytest.raises(ValueError, match=r"worker group names \['cpu', 'cpu'\] repeat"):
         KubernetesConfig(cpu_workers=[{}], gpu_workers={"name": "cpu"})
+
+
+def test_in_process_replicas_are_asked_for_by_their_engines_process():
+    config = make_config(model("a", in_process=True, num_cpus=1, max_replicas=2),
+                         {**model("b", in_process=True, num_cpus=0.5, max_replicas=2),
+                          "batcher": {"placement": "actor", "num_cpus": 0.25}},
+                         ingress={"num_cpus": 0.5})
+    plans = plan_groups(config, config.kubernetes)
+    asks = {d.what: (d.ask.cpus, d.count_min, d.count_max) for p in plans for d in p.demands}
+    assert asks == {"the ingress": (0.5 + 2, 1, 1),
+                    "model 'b' batching actor": (0.25 + 1.0, 1, 1)}
