@@ -40,6 +40,7 @@ from batching.sequence.policy import SequencePolicy
 # Parts of the config in modules of their own, re-exported: callers find them here.
 from cluster.appsettings import IngressConfig as IngressConfig
 from cluster.appsettings import MetricsConfig as MetricsConfig
+from cluster.appsettings import stateful_in_one_ingress
 from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
@@ -166,12 +167,9 @@ class BatcherConfig(BaseModel):
     the requests of every ingress replica together; one more Ray hop per bundle.
     `ingress`: each ingress replica runs the engine itself and sends batches straight to
     its own share of the model's replicas (one hop fewer; batches form per ingress
-    replica, as with `@serve.batch`; no batching actor process to start). Sequence
-    (stateful) models may run in the ingress only with `ingress.num_replicas: 1` (a
-    sequence must stay on one engine); iterative ones with any number (each ingress
-    replica generates its own requests). Left out: `ingress` for dynamic batching with
-    one shard (measured faster on every path but the client's; README), `actor`
-    otherwise."""
+    replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
+    Left out: `ingress` for dynamic batching with one shard (measured faster on every
+    path but the client's; README), `actor` otherwise."""
     shards: int = Field(default=1, ge=1)
     """Batching actors for this model (placement `actor`); each owns its share of the
     replicas."""
@@ -378,18 +376,8 @@ class RaybatchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _sequences_in_one_ingress(self) -> RaybatchConfig:
-        """A sequence's state lives in the engine that started it: in the ingress, only
-        one ingress replica may exist, or Serve could send its next request elsewhere."""
-        n = self.ingress.num_replicas
-        stateful = [m.name for m in self.models if m.batcher.placement == "ingress"
-                    and m.batching.kind == "sequence"]
-        if stateful and n != 1:
-            raise ValueError(
-                f"models {stateful} are stateful (batching.kind='sequence') with "
-                f"batcher.placement='ingress', and ingress.num_replicas={n}: Serve may send "
-                "a sequence's requests to different ingress replicas, each with its own "
-                "engine, so they would not find their sequence; set ingress.num_replicas to 1, "
-                "or batcher.placement to 'actor' for those models")
+        stateful_in_one_ingress(self.ingress, [m.name for m in self.models if m.batcher.placement
+                                               == "ingress" and m.batching.kind == "sequence"])
         return self
 
     @property
