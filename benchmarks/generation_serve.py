@@ -2,7 +2,7 @@
 
     python -m benchmarks.generation_serve [--requests 128] [--rate 0] [--max-active 32]
         [--ingress direct|proxy] [--port 0] [--inproc-modes continuous,lockstep]
-        [--step-overhead-ms 1] [--repeats 1] [--json OUT]
+        [--step-overhead-ms 1] [--repeats 1] [--placement actor|ingress] [--json OUT]
 
 The workload of `benchmarks.generation` (same generator, same seed: lognormal
 prompt and output lengths, each request asking exactly its output length, all
@@ -67,8 +67,10 @@ def model_name(mode: str) -> str:
     return f"tinylm-{mode}"
 
 
-def app_config(max_active: int, model_cpus: float, ingress_cpus: float) -> dict[str, Any]:
-    """The Raybatch config of one app with the three TinyLM models (for `load_config`)."""
+def app_config(max_active: int, model_cpus: float, ingress_cpus: float,
+               placement: str = "actor") -> dict[str, Any]:
+    """The Raybatch config of one app with the three TinyLM models (for `load_config`);
+    `placement`: where their engines run (`batcher.placement`)."""
     def model(mode: str) -> dict[str, Any]:
         batching: dict[str, Any] = {"kind": "iterative", "max_tokens_limit": 1024}
         batching.update({"max_active": 1} if mode == "none"
@@ -76,12 +78,14 @@ def app_config(max_active: int, model_cpus: float, ingress_cpus: float) -> dict[
         return {"name": model_name(mode), "transformer": "deployments.models:TinyLM",
                 "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
-                "batching": batching,
+                "batching": batching, "batcher": {"placement": placement},
                 "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": model_cpus,
                              "pin": "off"}}
 
     return {"app_name": APP_NAME,
-            "ingress": {"num_replicas": 1, "num_cpus": ingress_cpus, "route_prefix": "/"},
+            # one client process opens every stream: lift the per-client stream limit
+            "ingress": {"num_replicas": 1, "num_cpus": ingress_cpus, "route_prefix": "/",
+                        "max_streams_per_client": 4096},
             "models": [model(m) for m in MODES]}
 
 
@@ -255,7 +259,7 @@ async def measure(args: argparse.Namespace, jobs: list[Job]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    config = app_config(args.max_active, args.model_cpus, args.ingress_cpus)
+    config = app_config(args.max_active, args.model_cpus, args.ingress_cpus, args.placement)
     await asyncio.to_thread(deploy, config)
     handle = serve.get_app_handle(APP_NAME)
     url = await base_url(args)
@@ -400,6 +404,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-cpus", type=float, default=2, help="of the local Ray")
     p.add_argument("--model-cpus", type=float, default=0.25, help="per TinyLM replica")
     p.add_argument("--ingress-cpus", type=float, default=0.25)
+    p.add_argument("--placement", choices=("actor", "ingress"), default="actor",
+                   help="where the engines run (batcher.placement): a batching actor "
+                        "(streams multiplexed over long polls) or the ingress replica")
     p.add_argument("--json", default=None, help="write the figures to this path")
     args = p.parse_args(argv)
     bad = sorted(set(args.modes + args.inproc_modes) - set(MODES))

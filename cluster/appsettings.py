@@ -1,5 +1,6 @@
 """Application-wide settings: the ingress (ports, request limits, drain, Serve's
-logging and HAProxy switch) and metrics.
+logging and HAProxy switch) and metrics; and what the ingress's replica count allows
+(a stateful model's engine in the ingress needs exactly one: `stateful_in_one_ingress`).
 
 Part of the config (`cluster.config` re-exports them); one place for what is set once
 per app rather than per model.
@@ -7,6 +8,7 @@ per app rather than per model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -70,3 +72,17 @@ class MetricsConfig(BaseModel):
     interval_s: float = Field(default=1.0, gt=0, le=60)
     """How often each batching actor samples its queue depths, replicas and counts. Ray
     itself exports every metrics_report_interval_ms (10 s by default)."""
+
+
+def stateful_in_one_ingress(ingress: IngressConfig, models: Sequence[str]) -> None:
+    """`models`: the stateful ones whose engine runs in the ingress (`batcher.placement:
+    ingress`). A sequence's state lives in the engine that started it, so they need one
+    ingress replica: with more, Serve could send a sequence's next request to another."""
+    n = ingress.num_replicas
+    if models and n != 1:
+        raise ValueError(
+            f"models {list(models)} are stateful (batching.kind='sequence') with "
+            f"batcher.placement='ingress', and ingress.num_replicas={n}: Serve may send a "
+            "sequence's requests to different ingress replicas, each with its own engine, so "
+            "they would not find their sequence; set ingress.num_replicas to 1, or "
+            "batcher.placement to 'actor' for those models")

@@ -40,6 +40,7 @@ from batching.sequence.policy import SequencePolicy
 # Parts of the config in modules of their own, re-exported: callers find them here.
 from cluster.appsettings import IngressConfig as IngressConfig
 from cluster.appsettings import MetricsConfig as MetricsConfig
+from cluster.appsettings import stateful_in_one_ingress
 from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
@@ -166,7 +167,7 @@ class BatcherConfig(BaseModel):
     the requests of every ingress replica together; one more Ray hop per bundle.
     `ingress`: each ingress replica runs the engine itself and sends batches straight to
     its own share of the model's replicas (one hop fewer; batches form per ingress
-    replica, as with `@serve.batch`). Only dynamic batching can run in the ingress.
+    replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
     Left out: `ingress` for dynamic batching with one shard (measured faster on every
     path but the client's; README), `actor` otherwise."""
     shards: int = Field(default=1, ge=1)
@@ -311,12 +312,6 @@ class ModelConfig(BaseModel):
     def _placement(self) -> ModelConfig:
         if self.batcher.placement != "ingress":
             return self
-        kind = self.batching.kind
-        if kind != "dynamic":
-            raise ValueError(
-                f"batcher.placement='ingress' with batching.kind={kind!r}: sequence and "
-                "iterative models keep each sequence on one batching actor, so only dynamic "
-                "batching can run in the ingress; set batcher.placement to 'actor'")
         if self.batcher.shards != 1:
             raise ValueError(
                 f"batcher.shards={self.batcher.shards} with batcher.placement='ingress': each "
@@ -380,6 +375,12 @@ class RaybatchConfig(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"model names {dup} appear more than once: names must be unique")
+        return self
+
+    @model_validator(mode="after")
+    def _sequences_in_one_ingress(self) -> RaybatchConfig:
+        stateful_in_one_ingress(self.ingress, [m.name for m in self.models if m.batcher.placement
+                                               == "ingress" and m.batching.kind == "sequence"])
         return self
 
     @property

@@ -9,7 +9,8 @@ The runtime, in the order a request meets it
                       declared dtypes only), results as every output, ragged joins and
                       lengths, warm-up batches, the check of a model's answers
     backends.py       where a model's engine runs (batcher.placement): batching actors, or
-                      this ingress replica (LocalEngine: BatchHost + its own ReplicaPool)
+                      this ingress replica (LocalEngine: any kind's host + its own
+                      ReplicaPool; generation streams straight from the IterativeHost)
     coalesce.py       one loop tick of requests -> one Ray call per batch's worth
     client.py         RaybatchClient: a Python caller straight to the batching actors
     batcher.py        BatcherActor: one per model (or shard), hosts the engine

@@ -6,10 +6,15 @@ requests into one Ray call per batch's worth (`Coalescer`), and the actors
 batch across every ingress replica.
 
 `IngressBackend` (placement `ingress`): this ingress replica runs the engine
-itself (`LocalEngine`: a `BatchHost` over its own `ReplicaPool`) and sends each
+itself (`LocalEngine`: the model's host over its own `ReplicaPool`) and sends each
 batch straight to a model replica: one Ray hop fewer per request, batches formed
-per ingress replica (as `@serve.batch` does), every policy the same. Each ingress
-replica owns its share of the model's replicas (rounded up), and they die with it.
+per ingress replica (as `@serve.batch` does), every policy the same, and no
+batching actor process to start. Each ingress replica owns its share of the
+model's replicas (rounded up), and they die with it. Every kind runs here: a
+generative model's streams come straight from its `IterativeHost` (no long poll:
+the only Ray call per step is the step itself); a stateful model's sequences live
+in this replica's engine, which is why the config allows that only with one
+ingress replica (`RaybatchConfig._sequences_in_one_ingress`).
 
 Both give `ModelRoute` the same seam, `submit(items, priority, timeout_s, control)
 -> future` and `outstanding`, so the route does not know where the engine runs.
@@ -23,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from batching.errors import InvalidRequest, RaybatchError
-from batching.metrics import NULL_RECORDER
-from batching.types import Request
+from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
-from deployments.hosts import bundle_outcome
+from deployments.generation import event_json, generate_request
+from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats
@@ -65,17 +70,28 @@ def ingress_rank() -> int:
     return int(getattr(rank, "rank", rank))
 
 
+class PoolFactory(Protocol):
+    """What starts and replaces the engine's model replicas (`deployments.pool.ReplicaPool`;
+    tests hand in one of in-process replicas)."""
+
+    def __call__(self, config: ModelConfig, host: Host, record_metrics: bool = False) -> Any: ...
+
+
 class LocalEngine:
-    """The engine in this process: a `BatchHost` over its own `ReplicaPool`, submitted to
-    like a `Coalescer` (one future per request, no Ray call per request)."""
+    """The engine in this process: the model's host (`deployments.hosts.make_host`: dynamic,
+    sequence or iterative) over its own `ReplicaPool`, submitted to like a `Coalescer` (one
+    future per request, no Ray call per request) and, for a generative model, streamed
+    from like a `GenerateMux` (`stream`: events straight from the host, no long poll)."""
 
     def __init__(self, config: ModelConfig, metrics: MetricsConfig | None = None,
-                 replica_prefix: str = "") -> None:
+                 replica_prefix: str = "", make_pool: PoolFactory | None = None) -> None:
         self.config = config
+        self.kind = model_kind(config)
         self.metrics_config = metrics
         self.replica_prefix = replica_prefix  # of its replicas in the metrics' `replica` label
         self.metrics: BatcherMetrics | None = None
         self._publisher: asyncio.Future | None = None
+        self._make_pool = make_pool
         self._ids = itertools.count()
         self.host: Any = None
         self.pool: Any = None
@@ -88,14 +104,14 @@ class LocalEngine:
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
-        from deployments.hosts import make_host
-        from deployments.pool import ReplicaPool
-
+        make_pool = self._make_pool
+        if make_pool is None:
+            from deployments.pool import ReplicaPool as make_pool
         if self.metrics_config is not None and self.metrics_config.enabled:
             self.metrics = BatcherMetrics(self.config, replica_prefix=self.replica_prefix)
         self.host = make_host(self.config, on_replica_died=lambda c: self.pool.replaced(c),
                               recorder=self.metrics or NULL_RECORDER)
-        self.pool = ReplicaPool(self.config, self.host, record_metrics=self.metrics is not None)
+        self.pool = make_pool(self.config, self.host, record_metrics=self.metrics is not None)
         if self.metrics is not None:
             metrics = self.metrics  # sampled on the metrics clock, as a batching actor does
             self._publisher = asyncio.ensure_future(every(
@@ -112,22 +128,49 @@ class LocalEngine:
     def outstanding(self) -> int:
         return 0 if self.host is None else self.host.open_requests
 
+    def _refused(self, error: RaybatchError) -> None:
+        """Count a request refused at submit, as a batching actor does."""
+        if self.metrics is not None:
+            self.metrics.refused((outcome_of(error),))
+
     def submit(self, items: Any, priority: int | None, timeout_s: float | None,
                control: Any = None) -> asyncio.Future:
-        """The future of one request's outcome; raises its error (QueueFull...) at once."""
-        if control is not None:
+        """The future of one request's outcome (`control`: a sequence model's
+        (sequence_id, start, end)); raises its error (QueueFull, UnknownSequence...) at once."""
+        if control is not None and self.kind == "dynamic":
             raise InvalidRequest(f"model {self.config.name!r} runs dynamic batching: "
                                  "sequence controls do not apply")
         rid = next(self._ids)
-        fut = self.host.submit(Request(rid, items, False, priority, timeout_s, len(items)))
+        try:
+            fut = submit_bundle_item(self.host, self.kind, rid,
+                                     (rid, items, priority, timeout_s, control))
+        except RaybatchError as e:
+            self._refused(e)
+            raise
         fut.add_done_callback(lambda f: f.cancelled() and self.host.cancel(rid))
         return fut
 
+    async def stream(self, prompt: Any, params: dict[str, Any]) -> AsyncIterator[dict]:
+        """A generation's events as the protocol's JSON (`GenerateMux.stream`'s contract);
+        raises its error. Closing it early (the client hung up) cancels the generation:
+        its slot frees at the replica's next step."""
+        await self.start()
+        try:
+            events = self.host.submit(generate_request(next(self._ids), prompt, params))
+        except RaybatchError as e:
+            self._refused(e)
+            raise
+        try:
+            async for event in events:
+                yield event_json(event)
+        finally:
+            await events.aclose()  # a no-op once it ended
+
     async def drain(self, timeout_s: float) -> None:
-        """Wait (up to `timeout_s`) until every request this engine accepted has ended."""
-        give_up = time.monotonic() + timeout_s
-        while self.host is not None and self.host.open_requests and time.monotonic() < give_up:
-            await asyncio.sleep(0.05)
+        """Run what this engine accepted (up to `timeout_s`; no waiting for fuller batches),
+        then fail what is left with ServiceClosed; new requests are refused."""
+        if self.host is not None:
+            await self.host.close(timeout_s, reason="this ingress replica is stopping")
         if self._publisher is not None:
             self._publisher.cancel()
 
@@ -148,8 +191,8 @@ class LocalEngine:
 
     async def stats(self) -> dict[str, Any]:
         await self.start()
-        return {**self.host.stats(), "kind": "dynamic", "placement": "ingress",
-                "replica_info": await self.pool.info()}
+        return {**self.host.stats(), "kind": self.kind, "placement": "ingress",
+                "batch_limit": self.config.batch_size, "replica_info": await self.pool.info()}
 
 
 class ActorBackend:
@@ -218,11 +261,15 @@ class IngressBackend:
 
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
                  ingress_replicas: int, caller_metrics: CallerMetrics | None = None,
-                 metrics: MetricsConfig | None = None) -> None:
+                 metrics: MetricsConfig | None = None,
+                 make_pool: PoolFactory | None = None) -> None:
         prefix = f"ingress{ingress_rank()}-" if ingress_replicas > 1 else ""
-        self.engine = LocalEngine(replica_share(config, ingress_replicas), metrics, prefix)
+        self.engine = LocalEngine(replica_share(config, ingress_replicas), metrics, prefix,
+                                  make_pool)
+        generative = config.batching.kind == "iterative"
         self.route = ModelRoute(config, [], default_timeout_s, caller_metrics,
-                                shards=[self.engine])
+                                shards=[self.engine],
+                                generators=[self.engine] if generative else None)
 
     async def start(self) -> None:
         await self.engine.start()

@@ -13,7 +13,8 @@ is being redeployed: nothing of it ran) is sent again, on a freshly fetched rout
 up to `DRAIN_RETRY_S`. A model whose engine runs in the ingress
 (`batcher.placement: ingress`) has no batching actor to reach: the client still
 validates and coalesces, and sends each bundle through the app's handle
-(`Ingress.infer_entries`), one Serve call per bundle instead of one per request.
+(`Ingress.infer_entries`), one Serve call per bundle instead of one per request;
+its generations are streaming handle calls (`Ingress.generate_stream`).
 
     client = RaybatchClient()                       # the app named "raybatch"
     out = await client.infer("mlp", {"INPUT0": x})  # {"OUTPUT0": y}
@@ -108,7 +109,10 @@ class RaybatchClient:
         config = ModelConfig.model_validate_json(config_json)
         if actors is None:  # the engine runs in the ingress replicas
             via = _ViaIngress(self._handle, model)
-            return ModelRoute(config, [lambda: via], default_timeout_s)
+            streams = [_StreamsViaIngress(self._handle, model)]
+            return ModelRoute(config, [lambda: via], default_timeout_s,
+                              generators=streams if config.batching.kind == "iterative"
+                              else None)
         return ModelRoute(config, [_const(a) for a in actors], default_timeout_s)
 
 
@@ -126,6 +130,30 @@ class _ViaIngress:
         # A caller's cancel is not sent on: the bundle's handle call carries its batch-mates
         # too. The request still ends at the engine; its answer is dropped here.
         self.cancel = _Method(lambda caller, keys: _nothing())
+
+
+class _StreamsViaIngress:
+    """Stands in for a `GenerateMux` when a generative model's engine runs in the ingress:
+    each generation is one streaming handle call (`Ingress.generate_stream`); closing
+    it early cancels that call, and with it the generation."""
+
+    outstanding = 0  # the only one: nothing to balance
+
+    def __init__(self, handle: Any, model: str) -> None:
+        self._handle = handle
+        self._model = model
+
+    async def stream(self, prompt: str, params: dict[str, Any]) -> AsyncIterator[dict]:
+        streaming = self._handle.options(stream=True)
+        response = streaming.generate_stream.remote(self._model, prompt, params)
+        final = False
+        try:
+            async for event in response:
+                final = bool(event.get("final"))
+                yield event
+        finally:
+            if not final:
+                response.cancel()
 
 
 async def _nothing() -> None:

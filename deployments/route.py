@@ -13,7 +13,8 @@ straight to the batching actors.
 Stateful models: a request is one item of one sequence, and every request of a
 sequence goes to the same shard (chosen from its id), where its state is.
 Generative models: `generate_stream` / `generate`, multiplexed per shard by a
-`GenerateMux`; `infer` is refused with a pointer to them.
+`GenerateMux` (or streamed from the engine in this process); `infer` is refused
+with a pointer to them.
 Given `metrics`, it counts the requests it refuses itself and those lost with a
 batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 """
@@ -41,10 +42,13 @@ class ModelRoute:
     def __init__(self, config: ModelConfig, get_actors: list[Callable[[], Any]],
                  default_timeout_s: float | None = None,
                  metrics: CallerMetrics | None = None,
-                 shards: list[Any] | None = None) -> None:
-        """`get_actors`: each batching actor's getter (one `Coalescer` each); or `shards`:
-        ready-made submit targets with the `Coalescer`'s interface (`submit`,
-        `outstanding`), such as the engine running in this process (`LocalEngine`)."""
+                 shards: list[Any] | None = None,
+                 generators: list[Any] | None = None) -> None:
+        """`get_actors`: each batching actor's getter (one `Coalescer` each, and one
+        `GenerateMux` each for a generative model); or `shards`: ready-made submit
+        targets with the `Coalescer`'s interface (`submit`, `outstanding`), such as the
+        engine running in this process (`LocalEngine`), and `generators`: ready-made
+        stream sources with the `GenerateMux`'s (`stream`, `outstanding`)."""
         self.signature = Signature(config)
         self.config = config
         self.kind = config.batching.kind
@@ -54,7 +58,8 @@ class ModelRoute:
         self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost)
                                  for get in get_actors]
         iterative = self.kind == "iterative"
-        self.generators = [GenerateMux(get) for get in get_actors] if iterative else []
+        self.generators = generators if generators is not None else (
+            [GenerateMux(get) for get in get_actors] if iterative else [])
         self.default_timeout_s = default_timeout_s
         self.max_request_items = config.max_request_items
 

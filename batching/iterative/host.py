@@ -226,6 +226,11 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         return self.engine.waiting
 
     @property
+    def open_requests(self) -> int:
+        """Requests submitted that have no outcome yet."""
+        return len(self._open)
+
+    @property
     def busy(self) -> bool:
         return bool(self.engine.waiting or self.engine.active)
 

@@ -131,6 +131,11 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         return self.engine.queued_requests
 
     @property
+    def open_requests(self) -> int:
+        """Requests submitted that have no outcome yet."""
+        return len(self._open)
+
+    @property
     def busy(self) -> bool:
         """Live sequences hold state on their replicas: busy until they end."""
         return bool(self.engine.queued_requests or self.engine.live_sequences)

@@ -4,22 +4,30 @@
 replica runs the engine and owns two model replicas. Every way in (HTTP, the
 handle, `RaybatchClient` through the handle) gets each caller its own x², the
 batches are real batches, and its status looks like any model's.
+`accumulator-local` (sequence) and `tinylm-local` (iterative) run in the ingress
+too: sequences keep their own running sums on every way in and idle out; streams
+come straight from the ingress's host, and a client that hangs up frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
+import aiohttp
 import httpx
 import numpy as np
 import pytest
 
+from batching.errors import UnknownSequence
 from deployments.client import RaybatchClient
-from tests.conftest import arun
+from tests.conftest import alive_pids, arun, wait_until
 
 pytestmark = pytest.mark.integration
 
 MODEL = "slowsquare-local"
+SEQ = "accumulator-local"
+LM = "tinylm-local"
 
 
 def test_every_way_in_gets_its_own_result_in_real_batches(app):
@@ -68,3 +76,116 @@ def test_a_bad_request_is_a_400_and_a_bad_bundle_entry_fails_alone(app):
     by_key = {k: (v, e) for k, v, e in out}
     np.testing.assert_array_equal(np.asarray(by_key[0][0], np.float32), [4.0])
     assert "priority=9" in str(by_key[1][1])
+
+
+def _infer_seq(url: str, value: int, **params) -> tuple[int, dict]:
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1],
+                        "data": [value]}], "parameters": params}
+    r = httpx.post(f"{url}/v2/models/{SEQ}/infer", json=body, timeout=30)
+    return r.status_code, r.json()
+
+
+def test_sequences_in_the_ingress_keep_their_state_on_every_way_in(app):
+    assert not alive_pids("SERVE_DEPLOYMENT_ACTOR::", f"::batcher-{SEQ}")  # no batching actor
+    url = app.base_url
+    status, body = _infer_seq(url, 5, sequence_id=31, sequence_start=True)
+    assert status == 200 and body["outputs"][0]["data"] == [5], body
+    status, body = _infer_seq(url, 1, sequence_id=32)  # never started
+    assert status == 400 and "32" in body["error"] and "sequence_start" in body["error"]
+    status, body = _infer_seq(url, 1)
+    assert status == 400 and "sequence_id" in body["error"]
+    assert _infer_seq(url, 2, sequence_id=31, sequence_end=True)[1]["outputs"][0]["data"] == [7]
+
+    steps = {sid: [sid % 7 + i for i in range(4)] for sid in range(100, 112)}
+
+    async def one(client, sid, via_handle):
+        outs = []
+        for i, v in enumerate(steps[sid]):
+            params = {"sequence_id": sid, "sequence_start": i == 0, "sequence_end": i == 3}
+            x = {"INPUT0": np.array([[v]], np.int32)}
+            out = await (app.handle.infer.remote(SEQ, x, params) if via_handle
+                         else client.infer(SEQ, x, params))
+            outs.append(int(out["OUTPUT0"][0, 0]))
+        return outs
+
+    async def main():
+        client = RaybatchClient(app.handle)
+        got = await asyncio.gather(*(one(client, sid, sid % 2) for sid in steps))
+        with pytest.raises(UnknownSequence):  # ended: through the client's bundle path
+            await client.infer(SEQ, {"INPUT0": np.array([[1]], np.int32)}, {"sequence_id": 100})
+        return got
+
+    for sid, outs in zip(steps, arun(main())):
+        assert outs == list(np.cumsum(steps[sid])), sid
+    s = app.stats(SEQ)
+    assert (s["kind"], s["placement"], s["open_requests"], s["replicas"]) == (
+        "sequence", "ingress", 0, 1)
+
+
+def test_an_idle_sequence_in_the_ingress_is_released(app):
+    assert _infer_seq(app.base_url, 1, sequence_id="idle-local", sequence_start=True)[0] == 200
+    wait_until(lambda: app.stats(SEQ)["live_sequences"] == 0, timeout_s=15,
+               what="the idle sequence to be released")
+    status, body = _infer_seq(app.base_url, 1, sequence_id="idle-local")
+    assert status == 400 and "idle-local" in body["error"]
+
+
+async def _sse(session, url: str, prompt: str, **params) -> list[dict]:
+    body = {"text_input": prompt, "parameters": params}
+    async with session.post(f"{url}/v2/models/{LM}/generate_stream", json=body) as r:
+        assert r.status == 200, await r.text()
+        return [json.loads(line[6:]) async for line in r.content if line.startswith(b"data: ")]
+
+
+def test_generations_in_the_ingress_stream_on_every_way_in(app):
+    assert not alive_pids("SERVE_DEPLOYMENT_ACTOR::", f"::batcher-{LM}")  # no batching actor
+
+    async def main():
+        client = RaybatchClient(app.handle)
+        async with aiohttp.ClientSession() as s:
+            body = {"text_input": "Once upon", "parameters": {"max_tokens": 10}}
+            async with s.post(f"{app.base_url}/v2/models/{LM}/generate", json=body) as r:
+                whole = r.status, await r.json()
+            streams = await asyncio.gather(*(_sse(s, app.base_url, "Once upon", max_tokens=10)
+                                             for _ in range(4)))
+            async with s.post(f"{app.base_url}/v2/models/{LM}/generate",
+                              json={"text_input": "a", "parameters": {"top_k": 3}}) as r:
+                bad = r.status, await r.json()
+        handle = [e async for e in app.handle.options(stream=True).generate_stream.remote(
+            LM, "Once upon", {"max_tokens": 10})]
+        via_client = [e async for e in client.generate_stream(LM, "Once upon",
+                                                              {"max_tokens": 10})]
+        return whole, streams, bad, handle, via_client, await client.generate(
+            LM, "Once upon", {"max_tokens": 10})
+
+    (status, whole), streams, bad, handle, via_client, client_whole = arun(main(), 120)
+    assert status == 200 and whole["num_tokens"] == 10, whole
+    for events in [*streams, handle, via_client]:
+        assert events[-1]["final"] and events[-1]["num_tokens"] == 10
+        assert "".join(e["text_output"] for e in events[:-1]) == whole["text_output"]
+    assert client_whole["text_output"] == whole["text_output"]
+    assert bad[0] == 400 and "top_k" in bad[1]["error"]
+    s = app.stats(LM)
+    assert (s["kind"], s["placement"], s["open_requests"], s["active"]) == (
+        "iterative", "ingress", 0, 0)
+
+
+def test_a_client_that_hangs_up_frees_its_slot_in_the_ingress_engine(app):
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
+            r = await s.post(f"{app.base_url}/v2/models/{LM}/generate_stream", json=body)
+            seen = 0
+            async for line in r.content:
+                seen += line.startswith(b"data: ")
+                if seen == 3:
+                    break
+            r.close()  # hang up
+            return seen
+
+    before = app.stats(LM)
+    assert arun(main(), 60) == 3
+    stats = wait_until(lambda: (lambda s: s if s["active"] == 0 and s["waiting"] == 0 else None)(
+        app.stats(LM)), timeout_s=30, what="the generation to be cancelled")
+    assert stats["cancelled"] > before["cancelled"]
+    assert stats["step_tokens"] - before["step_tokens"] < 1000  # it did not run to max_tokens

@@ -133,15 +133,30 @@ def test_limits_are_validated_with_the_field_named():
         _model(limits={"queue_batches": 0})
     with pytest.raises(ValidationError, match="max_request_items"):
         _model(limits={"max_request_items": 0})
-def test_placement_ingress_is_for_dynamic_batching_only_and_has_no_shards():
-    cfg = load_config({"models": [{**MODEL, "batcher": {"placement": "ingress"}}]})
-    assert cfg.models[0].batcher.placement == "ingress"
-    bad(r"batcher.placement='ingress' with batching.kind='sequence'.*set batcher.placement "
-        r"to 'actor'", batching={"kind": "sequence"}, batcher={"placement": "ingress"})
-    bad(r"batcher.placement='ingress' with batching.kind='iterative'",
-        batching={"kind": "iterative"}, batcher={"placement": "ingress"})
+def test_placement_ingress_takes_every_kind_and_has_no_shards():
+    for batching in ({}, {"kind": "sequence"}, {"kind": "iterative"}):
+        cfg = load_config({"models": [{**MODEL, "batching": batching,
+                                       "batcher": {"placement": "ingress"}}]})
+        assert cfg.models[0].batcher.placement == "ingress"
     bad(r"batcher.shards=2 with batcher.placement='ingress'",
         batcher={"placement": "ingress", "shards": 2})
+    bad(r"batcher.shards=2 with batcher.placement='ingress'",
+        batching={"kind": "sequence"}, batcher={"placement": "ingress", "shards": 2})
+
+
+def test_a_stateful_model_runs_in_the_ingress_only_with_one_ingress_replica():
+    def config(replicas: int, kind: str, placement: str) -> dict:
+        return {"ingress": {"num_replicas": replicas},
+                "models": [{**MODEL, "batching": {"kind": kind},
+                            "batcher": {"placement": placement}}]}
+
+    with pytest.raises(ConfigError, match=r"models \['square'\] are stateful .*placement="
+                       r"'ingress', and ingress.num_replicas=2: .*different ingress replicas"
+                       r".*set ingress.num_replicas to 1, or batcher.placement to 'actor'"):
+        load_config(config(2, "sequence", "ingress"))
+    load_config(config(1, "sequence", "ingress"))
+    load_config(config(2, "sequence", "actor"))
+    load_config(config(3, "iterative", "ingress"))  # each generation is self-contained
     bad(r"placement='ingres': must be 'actor' or 'ingress'", batcher={"placement": "ingres"})
 
 

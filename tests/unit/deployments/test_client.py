@@ -77,3 +77,76 @@ def test_a_cancelled_request_is_dropped_here_quietly_and_the_next_one_still_runs
     assert out["OUTPUT0"].tolist() == [9.0] and task.cancelled()
     assert len(handle.bundles) == 3
     assert not [r for r in caplog.records if "cancel" in r.getMessage()], caplog.text
+
+
+LM = ModelConfig.model_validate({
+    "name": "lm", "transformer": "deployments.models:TinyLM",
+    "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}],
+    "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+    "batching": {"kind": "iterative", "max_active": 4}, "batcher": {"placement": "ingress"}})
+
+
+class _Stream:
+    """A streaming handle call's response: `n` events then the final one; `cancel()`."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.sent, self.cancelled = n, 0, False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.cancelled or self.sent > self.n:
+            raise StopAsyncIteration
+        self.sent += 1
+        if self.sent > self.n:
+            return {"text_output": "", "final": True, "finish_reason": "length",
+                    "num_tokens": self.n, "prompt_tokens": 1}
+        return {"text_output": "x", "index": self.sent - 1}
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeStreamingHandle:
+    """An ingress whose generative model runs in it: `generate_stream` is a streaming
+    handle call (`handle.options(stream=True)`), one per generation."""
+
+    def __init__(self) -> None:
+        self.route_info = _Call(self._route_info)
+        self.streams: list[tuple[tuple, _Stream]] = []
+        self.generate_stream = None  # only on the streaming handle (`options`)
+
+    async def _route_info(self, model):
+        return LM.model_dump_json(), None, None
+
+    def options(self, stream: bool = False):
+        assert stream, "generate_stream is a streaming call"
+        streaming = FakeStreamingHandle()
+        streaming.generate_stream = _Call(None)
+        streaming.generate_stream.remote = self._generate_stream
+        return streaming
+
+    def _generate_stream(self, model, prompt, params):
+        response = _Stream(params["max_tokens"])
+        self.streams.append(((model, prompt, params), response))
+        return response
+
+
+def test_generations_of_an_ingress_placed_model_stream_through_the_handle():
+    handle = FakeStreamingHandle()
+
+    async def main():
+        client = RaybatchClient(handle)
+        whole = await client.generate("lm", "Once", {"max_tokens": 3})
+        events = client.generate_stream("lm", "Once", {"max_tokens": 50})
+        first = [await events.__anext__() for _ in range(2)]
+        await events.aclose()  # hung up: the handle call is cancelled
+        return whole, first
+
+    whole, first = asyncio.run(main())
+    assert (whole["text_output"], whole["num_tokens"]) == ("xxx", 3)
+    assert [e["index"] for e in first] == [0, 1]
+    (_, done), (call, hung_up) = handle.streams
+    assert call == ("lm", "Once", {"max_tokens": 50})
+    assert not done.cancelled and hung_up.cancelled
