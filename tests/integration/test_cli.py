@@ -45,6 +45,12 @@ def test_status_prints_replicas_and_batches_for_people(app):
     out = proc.stdout
     assert re.search(r"^slowsquare: 2 replicas, queued \d+ requests", out, re.M), out
     assert re.search(r"^  replica-\d+: ALIVE, node \w+ cpus \[", out, re.M), out
+    # square's replica runs in the ingress (replicas.in_process): status says so
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("square:"))
+    square = lines[at + 1:at + 4]
+    assert any(re.search(r"replica-0: ALIVE, .* in process gpus", line) for line in square), out
+    assert "WARNING" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
