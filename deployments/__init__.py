@@ -18,6 +18,7 @@ The runtime, in the order a request meets it
     generation.py     generations multiplexed: one long poll per batching actor, not per token
     pool.py           ReplicaPool: min..max model replicas, scaling, death and replacement
     replica.py        ModelReplica: one model, one batch at a time, pinned to its cores
+    inprocess.py      replicas.in_process: a replica on a thread of the engine's process
     warmup.py         the batches a replica runs before it reports ready (Triton's
                       model_warmup), and time to ready
     stateful_replica.py  SequenceReplica / StepReplica: per-sequence state on the replica
