@@ -81,6 +81,18 @@ def one_run(argv: list[str]) -> float:
             done.wait(1.0)
 
     threading.Thread(target=sample, daemon=True).start()
+    try:  # whatever happens here (a closed pipe on our stdout...), the app is stopped
+        return _report(proc, before, t0, busy, done)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _report(proc: subprocess.Popen, before: set[int], t0: float, busy: list[int],
+            done: threading.Event) -> float:
     assert proc.stdout is not None
     for line in proc.stdout:
         if "Stop with Ctrl-C" in line:
@@ -104,12 +116,7 @@ def one_run(argv: list[str]) -> float:
     rows = sorted((start, ticks, cmd) for ticks, start, cmd, _ in mine.values())
     for start, ticks, cmd in rows:
         print(f"  started +{(start - rows[0][0]) / HZ:5.1f} s  cpu {ticks / HZ:5.2f} s  "
-              f"{cmd[:70]}")
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+              f"{cmd[:70]}", flush=True)
     return ready
 
 
