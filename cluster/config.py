@@ -46,6 +46,7 @@ from cluster.k8s.settings import KubernetesConfig
 # Re-exported: callers have always found these here.
 from cluster.modelpath import ConfigError as ConfigError
 from cluster.modelpath import import_object as import_object
+from cluster.replicas import ReplicaConfig as ReplicaConfig
 from cluster.tensorspec import DATATYPES as DATATYPES
 from cluster.tensorspec import RaggedConfig as RaggedConfig
 from cluster.tensorspec import TensorConfig as TensorConfig
@@ -58,79 +59,6 @@ MOVED_MODULES = {
     "deployments.stateful_models": "deployments.models",
     "deployments.tinylm": "deployments.models",
 }
-
-
-class ReplicaConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min_replicas: int = Field(default=1, ge=0)
-    """Replicas kept alive even when idle."""
-    max_replicas: int = Field(default=1, ge=1)
-    """Most replicas the pool scales up to on queue depth."""
-    num_cpus: float = Field(default=1.0, ge=0)
-    """CPUs each replica reserves (and, pinned, the cores it gets)."""
-    num_gpus: float = Field(default=0.0, ge=0)
-    """GPUs each replica reserves; 1 runs the model on `cuda`."""
-    max_inflight_batches: int = Field(default=2, ge=1)
-    """Batches sent to one replica before its previous ones return (pipelining)."""
-    batch_timeout_s: float | None = Field(default=120.0, gt=0)
-    """Seconds one batch (or generation step) may run on a replica, counted from when it
-    is sent: past it the replica is taken for hung and stopped, that batch's requests
-    fail with `BatchTimedOut` (HTTP 504), its other batches run on another replica, and
-    the pool starts a replacement. Raise it for models whose batches run longer; null
-    waits forever."""
-    resources: dict[str, float] = Field(default_factory=dict)
-    """Extra Ray custom resources per replica (e.g. {"numa0": 2})."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Environment variables of the replica process (OMP_NUM_THREADS is set from num_cpus)."""
-    scale_up_queue_items: int = Field(default=256, ge=1)
-    """Queued items per replica above which the pool adds a replica."""
-    scale_down_idle_s: float = Field(default=30.0, gt=0)
-    """Seconds with nothing queued or running before the pool removes a replica."""
-    pin: Literal["auto", "required", "off"] = "auto"
-    """Pin the replica to whole physical cores (floor(num_cpus) of them, SMT siblings
-    included) of one NUMA node, or local to its GPU (`cluster.pinning`). `auto`: pin when
-    the replica has whole cores and the cluster advertises numa<N> resources (started by
-    `raybatch up` / `raybatch join`) or it has a GPU; run unpinned, with a warning, when
-    the cores are taken. `required`: pin or fail to start. `off`: never pin."""
-    in_process: bool = False
-    """Run each replica inside the process of the model's engine (the ingress replica for
-    `batcher.placement: ingress`, else the batching actor), on a thread of its own, as
-    `@serve.batch` runs a model: no Ray call per batch and no process to start (about 2 s
-    of CPU each at start-up). The engine's process then reserves `num_cpus` per replica.
-    For light CPU models and small machines: the model shares that process's cores and
-    GIL with the front, is not pinned, and a batch past `batch_timeout_s` cannot be
-    stopped (its replica is dropped and replaced; the stuck thread ends when the model
-    returns). GPU models keep replica actors."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> ReplicaConfig:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas={self.min_replicas} exceeds max_replicas="
-                             f"{self.max_replicas}: lower min_replicas or raise max_replicas")
-        if self.pin == "required" and self.num_cpus < 1:
-            raise ValueError(f"pin='required' with num_cpus={self.num_cpus}: a pinned replica "
-                             f"takes whole cores; raise num_cpus to >= 1 or set pin to 'auto'")
-        if self.in_process:
-            self._check_in_process()
-        return self
-
-    def _check_in_process(self) -> None:
-        own = [f"num_gpus={self.num_gpus}" if self.num_gpus else "",
-               "pin='required'" if self.pin == "required" else "",
-               f"resources={self.resources}" if self.resources else "",
-               f"env={self.env}" if self.env else ""]
-        own = [o for o in own if o]
-        if own:
-            raise ValueError(f"in_process=true with {', '.join(own)}: an in-process replica "
-                             "shares its host's process, so it gets no GPU, cores, custom "
-                             "resources or environment of its own; drop those settings or "
-                             "set in_process to false (a replica actor of its own)")
-
-    def host_cpus(self, parts: int = 1) -> float:
-        """CPUs one of `parts` engine processes reserves for its in-process replicas (its
-        share of `max_replicas`, rounded up); 0 when the replicas are actors."""
-        return self.num_cpus * -(-self.max_replicas // parts) if self.in_process else 0.0
 
 
 class WarmupConfig(BaseModel):
