@@ -2,6 +2,7 @@
 
     config.py     RaybatchConfig: the one YAML file (models, batching, replicas, ingress)
     tensorspec.py a model's declared tensors (datatype, shape, ragged axis), part of it
+    replicas.py   a model's replicas: counts, reservations, pinning, in process or actors
     appsettings.py the app-wide part of it: ingress (ports, limits, drain, logging), metrics
     modelpath.py  a user's model class: python_path, importing it with errors that say
                   what to fix, and whether it fits its batching kind
