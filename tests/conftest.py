@@ -202,3 +202,20 @@ def rss_bytes(pid: int) -> int:
 def arun(coro, timeout_s: float = 120.0):
     """Run a coroutine in a fresh event loop, bounded."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+async def hang_up_stream(base_url: str, model: str, events: int = 3) -> int:
+    """Start a long generate_stream of `model`, read `events` SSE events, then hang up
+    (the client goes away mid-stream); the number of events read."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
+        r = await s.post(f"{base_url}/v2/models/{model}/generate_stream", json=body)
+        seen = 0
+        async for line in r.content:
+            seen += line.startswith(b"data: ")
+            if seen == events:
+                break
+        r.close()  # hang up
+        return seen

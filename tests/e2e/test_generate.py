@@ -12,7 +12,7 @@ import json
 import aiohttp
 import pytest
 
-from tests.conftest import arun, wait_until
+from tests.conftest import arun, hang_up_stream, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,16 +91,7 @@ def test_stream_sends_one_event_per_step_then_a_final_one(front_url):
 
 def test_a_client_that_disconnects_mid_stream_cancels_its_generation(app, front_url):
     async def main():
-        async with aiohttp.ClientSession() as s:
-            body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
-            r = await s.post(f"{front_url}/v2/models/tinylm/generate_stream", json=body)
-            seen = 0
-            async for line in r.content:
-                seen += line.startswith(b"data: ")
-                if seen == 3:
-                    break
-            r.close()  # hang up
-            return seen
+        return await hang_up_stream(front_url, "tinylm")
 
     before = app.stats("tinylm")
     assert arun(main(), 60) == 3

@@ -21,7 +21,7 @@ import pytest
 
 from batching.errors import UnknownSequence
 from deployments.client import RaybatchClient
-from tests.conftest import alive_pids, arun, wait_until
+from tests.conftest import alive_pids, arun, hang_up_stream, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -172,16 +172,7 @@ def test_generations_in_the_ingress_stream_on_every_way_in(app):
 
 def test_a_client_that_hangs_up_frees_its_slot_in_the_ingress_engine(app):
     async def main():
-        async with aiohttp.ClientSession() as s:
-            body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
-            r = await s.post(f"{app.base_url}/v2/models/{LM}/generate_stream", json=body)
-            seen = 0
-            async for line in r.content:
-                seen += line.startswith(b"data: ")
-                if seen == 3:
-                    break
-            r.close()  # hang up
-            return seen
+        return await hang_up_stream(app.base_url, LM)
 
     before = app.stats(LM)
     assert arun(main(), 60) == 3
