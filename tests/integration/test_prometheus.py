@@ -141,9 +141,18 @@ def test_every_dashboard_expression_returns_data_from_a_real_prometheus(app, pro
         assert "$" not in expr, expr
         substituted.append((title, expr))
     # Ray reports every 2 s and Prometheus scrapes every 1 s: give the last points time to land.
+    # Traffic goes on meanwhile: a quantile over rate() is NaN once the traffic stops, so
+    # a series that first reached Prometheus after the traffic (a process that started late,
+    # a loaded metrics agent) would never answer the probe.
     probe = next(e for t, e in substituted if "histogram_quantile" in e)
-    wait_until(lambda: finite(query_range(prometheus, probe, start, time.time())),
-               timeout_s=30, every_s=1, what="the traffic to reach Prometheus")
+
+    def probe_answers() -> bool:
+        if finite(query_range(prometheus, probe, start, time.time())):
+            return True
+        traffic(app, seconds=1)
+        return False
+
+    wait_until(probe_answers, timeout_s=60, every_s=0, what="the traffic to reach Prometheus")
     time.sleep(2 * SCRAPE_S + 2)
 
     def still_missing(exprs: list) -> list:
