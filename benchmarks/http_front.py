@@ -4,6 +4,7 @@ nothing, driven by `wrk` with a Lua body; no Ray, so what is measured is the fro
     python benchmarks/http_front.py                      # the raw ASGI OipApp, JSON and binary
     PYTHONPATH=<old checkout> python benchmarks/http_front.py --app fastapi   # the old ingress
     python benchmarks/http_front.py --app noop           # the floor: uvicorn and sockets
+    python benchmarks/http_front.py --server raybatch    # Raybatch's own HTTP server, not uvicorn
 
 `--app fastapi` rebuilds the FastAPI ingress as it was before `deployments/http`
 (a Request, `request.body()`, `_guard`, `Response`) over whichever
@@ -105,13 +106,30 @@ async def noop_app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def serve(app_kind: str, port: int, loop: str) -> None:
+def serve(app_kind: str, port: int, loop: str, server: str = "uvicorn") -> None:
     import uvicorn
 
     app = {"raw": raw_app, "fastapi": fastapi_app}[app_kind]() if app_kind != "noop" \
         else noop_app
+    if server == "raybatch":
+        return _serve_raybatch(app.direct if hasattr(app, "direct") else app, port, loop)
     uvicorn.run(app, host="127.0.0.1", port=port, http="httptools", loop=loop,
                 log_level="warning", access_log=False, lifespan="off")
+
+
+def _serve_raybatch(app: Any, port: int, loop: str) -> None:
+    from deployments.http.server import HttpServer
+
+    async def main() -> None:
+        await HttpServer(app, port=port).start()
+        await asyncio.Event().wait()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 # -- the client side -----------------------------------------------------------------------
@@ -168,10 +186,10 @@ def run_wrk(url: str, script: str, connections: int, duration_s: int) -> dict[st
 
 
 def measure(app_kind: str, body_kind: str, connections: int, duration_s: int,
-            loop: str) -> dict[str, Any]:
+            loop: str, server_kind: str = "uvicorn") -> dict[str, Any]:
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", app_kind, "--port",
-                               str(port), "--loop", loop])
+                               str(port), "--loop", loop, "--server", server_kind])
     try:
         wait_up(port)
         body, headers = body_of(body_kind)
@@ -187,7 +205,8 @@ def measure(app_kind: str, body_kind: str, connections: int, duration_s: int,
         server.terminate()
         server.wait(10)
     n = got["requests"]
-    return {"app": app_kind, "body": body_kind, "requests": n, "non_2xx": got["non_2xx"],
+    return {"app": app_kind, "server": server_kind, "body": body_kind, "requests": n,
+            "non_2xx": got["non_2xx"],
             "req_per_s": round(n / wall), "server_cpu_us_per_request": round(used / n * 1e6, 1)}
 
 
@@ -198,14 +217,20 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--duration", type=int, default=10)
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    p.add_argument("--server", choices=["uvicorn", "raybatch", "both"], default="uvicorn",
+                   help="the HTTP server: uvicorn (as under Serve) or deployments.http.server")
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--serve", choices=["raw", "fastapi", "noop"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        return serve(args.serve, args.port, args.loop)
-    for body in (["json", "binary"] if args.body == "both" else [args.body]):
-        print(json.dumps(measure(args.app, body, args.connections, args.duration, args.loop)),
-              flush=True)
+        return serve(args.serve, args.port, args.loop, args.server)
+    servers = ["uvicorn", "raybatch"] if args.server == "both" else [args.server]
+    for _ in range(args.repeats):
+        for body in (["json", "binary"] if args.body == "both" else [args.body]):
+            for server in servers:  # alternated: the machine's load drifts between runs
+                print(json.dumps(measure(args.app, body, args.connections, args.duration,
+                                         args.loop, server)), flush=True)
 
 
 if __name__ == "__main__":

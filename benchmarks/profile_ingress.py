@@ -36,6 +36,7 @@ from benchmarks.serve_compare import (
     apps,
     configure_environment,
     deploy,
+    native_port,
     undeploy,
 )
 
@@ -44,6 +45,7 @@ CLOCK = os.sysconf("SC_CLK_TCK")
 GROUPS = (
     ("uvicorn/httptools", ("uvicorn/", "httptools", "h11")),
     ("starlette/serve wrapper", ("starlette/", "ray/serve/")),
+    ("raybatch http server", ("deployments/http/server.py",)),
     ("raybatch http front", ("deployments/http/",)),
     ("raybatch codec", ("deployments/protocol/",)),
     ("raybatch route/signature/backend", ("deployments/route.py", "deployments/signature.py",
@@ -152,7 +154,8 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
         async def load(seconds: float) -> Any:
             return await drive_handle(handle, model.name, x, c, seconds)
     else:
-        url = await http_url(app, prefix, model.name, s.port, True)
+        url = await http_url(app, prefix, model.name, s.port, True,
+                             native_port(s, f"rb:{variant}"))
         data, headers = http_body(model.payloads(1)[0], binary)
 
         async def load(seconds: float) -> Any:

@@ -9,7 +9,8 @@
 Per model, one-replica apps run side by side on one Serve HTTP port: `serve` (no
 batching), `serve.batch` (`@serve.batch`, same max batch size and delay) and one
 Raybatch app per `--variants` entry (`rb:<variant>`: `batcher.placement` actor or
-ingress, `+idle` for `idle_dispatch`, `+inproc` for `replicas.in_process`); see
+ingress, `+idle` for `idle_dispatch`, `+inproc` for `replicas.in_process`, `+native` for
+Raybatch's own HTTP server, `ingress.native_port`, which the HTTP points then target); see
 `benchmarks.serve_apps` for what is kept equal. Each is driven closed-loop at every C
 through its handle (and Raybatch also through `RaybatchClient`, `rb:<variant>/client`)
 and over HTTP (binary OIP tensors both ways, the same codec on all; `wrk` by default,
@@ -63,7 +64,8 @@ VARIANTS = ("direct", "proxy", "haproxy")
 PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched")}
 RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
                      "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
-                     "ingress+inproc", "actor+idle+inproc")
+                     "ingress+inproc", "actor+idle+inproc", "ingress+idle+inproc+native",
+                     "actor+idle+native")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +86,13 @@ class Settings:
     http_driver: str = "wrk"
     disconnect_watch: bool = True  # False: clients send x-request-disconnect-disabled: ?1
     throughput_optimized: bool = True
+
+
+def native_port(s: Settings, system: str) -> int | None:
+    """The port of Raybatch's own HTTP server for a `+native` variant's app, else None."""
+    if not system.startswith("rb:") or "native" not in system.split("+"):
+        return None
+    return s.port + 80 + s.variants.index(system.removeprefix("rb:"))
 
 
 def apps(s: Settings) -> dict[str, tuple[str, str]]:
@@ -138,7 +147,8 @@ def deploy(model: BenchModel, s: Settings) -> None:
     targets = []
     for system, (name, prefix) in apps(s).items():
         if system.startswith("rb:"):
-            cfg = raybatch_config(model, name, prefix, system.removeprefix("rb:"))
+            cfg = raybatch_config(model, name, prefix, system.removeprefix("rb:"),
+                                  native_port(s, system))
             app = build_app(load_config(cfg))
         else:
             app = serve_app(Plain if system == "serve" else Batched, model)
@@ -212,7 +222,7 @@ async def drivers(model: BenchModel, s: Settings) -> Drivers:
     payloads = model.payloads(64)
     d = Drivers(submits=handle_submits(model, handles), fetch=fetchers(model, handles),
                 urls={system: await http_url(name, prefix, model.name, s.port,
-                                             s.ingress == "direct")
+                                             s.ingress == "direct", native_port(s, system))
                       for system, (name, prefix) in apps(s).items()},
                 payloads=payloads, bodies=[http_body(x, s.binary_http) for x in payloads],
                 extra={})

@@ -78,10 +78,13 @@ class HttpDriver:
 
 
 async def http_url(app: str, route_prefix: str, model: str, proxy_port: int,
-                   direct: bool) -> str:
-    """The infer URL of `app`: through Serve's proxy, or straight at the ingress replica's
-    own port (direct ingress: what an HAProxy or a load balancer in front would target)."""
+                   direct: bool, native_port: int | None = None) -> str:
+    """The infer URL of `app`: through Serve's proxy, straight at the ingress replica's
+    own port (direct ingress: what an HAProxy or a load balancer in front would target),
+    or at Raybatch's own HTTP server in the replica (`native_port`, when given)."""
     path = f"{route_prefix.rstrip('/')}/v2/models/{model}/infer"
+    if native_port is not None:
+        return f"http://127.0.0.1:{native_port}{path}"
     if not direct:
         return f"http://127.0.0.1:{proxy_port}{path}"
     port = await direct_port(app)

@@ -97,11 +97,12 @@ def bench_models() -> dict[str, BenchModel]:
 
 
 def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
-                    variant: str = "actor") -> dict[str, Any]:
+                    variant: str = "actor", native_port: int | None = None) -> dict[str, Any]:
     """The Raybatch config dict of an app serving just `model` (for `load_config`).
     `variant`: `actor` or `ingress` (`batcher.placement`), then `+idle` for
     `idle_dispatch`, `+access` for Serve's access log (at INFO), `+inproc` for the
-    replica in the engine's process (`replicas.in_process`)."""
+    replica in the engine's process (`replicas.in_process`), `+native` for Raybatch's own
+    HTTP server on `native_port` (`ingress.native_port`)."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
     m["batcher"] = {**m.get("batcher", {}), "placement": placement}
@@ -109,7 +110,8 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
     m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags}
     return {"app_name": app_name,
             "ingress": {"num_replicas": 1, "num_cpus": 0.5, "route_prefix": route_prefix,
-                        "access_log": "access" in flags},
+                        "access_log": "access" in flags,
+                        "native_port": native_port if "native" in flags else None},
             "models": [m]}
 
 

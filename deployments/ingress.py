@@ -9,7 +9,9 @@ to the engine running in this replica (`deployments.backends`).
 
 HTTP is `deployments.http.OipApp`, a raw ASGI app, handed to Serve at replica start
 (`__serve_build_asgi_app__`) and mounted on the direct-ingress fast path
-(`deployments.http.fastpath`); `ServeBackend` is what it runs requests on. Errors map to
+(`deployments.http.fastpath`) and, with `ingress.native_port`, served by Raybatch's own
+HTTP server on that port (`deployments.http.server`, no uvicorn); `ServeBackend` is
+what it runs requests on. Errors map to
 status codes in one place, `deployments.http.errors.error_parts`. gRPC (the KServe v2 /
 Triton GRPCInferenceService, through Serve's gRPC proxy) is `deployments.grpc`: the
 ingress inherits the RPC methods Serve calls (`GrpcIngress`) and hands them the same
@@ -29,6 +31,7 @@ from deployments.backends import batcher_actor_name, make_backend
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
+from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 from deployments.stats import model_counters_json
@@ -152,6 +155,7 @@ class Ingress(GrpcIngress):
         self.http: OipApp | None = None
         self.http_metrics: HttpCounts | None = None
         self._http_export: asyncio.Future | None = None
+        self.native: HttpServer | None = None
         self.drain: IngressDrain | None = None
         self.config = RaybatchConfig.model_validate_json(config_json)
         self.backend = backend = ServeBackend(self.config)
@@ -170,6 +174,13 @@ class Ingress(GrpcIngress):
         ingress = self.config.ingress
         self.http = OipApp(self.backend, HttpLimits.from_config(ingress))
         mount(self.http, ingress.route_prefix)
+        if ingress.native_port is not None and self.native is None:
+            # Raybatch's own HTTP server on this replica's loop (deployments.http.server)
+            self.native = HttpServer(self.http.direct, host=ingress.host,
+                                     port=ingress.native_port,
+                                     max_header_bytes=ingress.max_header_bytes,
+                                     route_prefix=ingress.route_prefix)
+            await self.native.start()
         metrics = self.config.metrics
         if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total
             self.http_metrics = HttpCounts(self.http.counts)
@@ -183,11 +194,16 @@ class Ingress(GrpcIngress):
         if self.http is not None:
             self.http.begin_drain()
             unmount(self.http)
+        native = getattr(self, "native", None)
+        if native is not None:  # no new connections here: the node's other replicas take them
+            native.close()
         if getattr(self, "drain", None) is not None:  # None: __init__ failed before it
             await self.drain.finish()
             # Engines in this replica (placement ingress) finish what they accepted too.
             await asyncio.gather(*(m.backend.drain(self.config.ingress.drain_timeout_s)
                                    for m in self.backend.by_name.values()))
+        if native is not None:  # what is still being answered ends, then the connections
+            await native.stop(self.config.ingress.drain_timeout_s)
         if getattr(self, "_http_export", None) is not None:  # the last counts, then stop
             self._http_export.cancel()
             try:

@@ -62,6 +62,11 @@ class App:
     direct_url: str  # the ingress replica's own port: the HTTP fast path (no proxy)
     grpc_port: int = 0  # Serve's gRPC proxy with the KServe v2 / Triton service
 
+    @property
+    def native_url(self) -> str:
+        """Raybatch's own HTTP server in the ingress replicas (`ingress.native_port`)."""
+        return f"http://127.0.0.1:{self.config.ingress.native_port}"
+
     def stats(self, model: str) -> dict[str, Any]:
         """The batching actor's statistics of `model` (through the ingress)."""
         return self.handle.status.remote().result(timeout_s=30)[model]
@@ -116,6 +121,7 @@ def load_test_config(gate: Path) -> Any:
     from cluster.config import load_config
 
     data = yaml.safe_load(APP_CONFIG.read_text())
+    data["ingress"]["native_port"] = free_port()  # Raybatch's own HTTP server
     for m in data["models"]:
         if m["name"] in ("gated", "scaling", "held"):
             m["init_kwargs"]["gate_path"] = str(gate)
@@ -155,14 +161,16 @@ def direct_url(app_name: str) -> str:
     return f"http://127.0.0.1:{ports[0]}"
 
 
-FRONTS = ["proxy", "fast-path"]
+FRONTS = ["proxy", "fast-path", "native"]
 
 
 @pytest.fixture(scope="module", params=FRONTS)
 def front_url(app: App, request) -> str:
     """The shared app's base URL through each HTTP front: Serve's proxy (the app under
-    Serve's per-request wrapper), and the replica's own port (the fast path)."""
-    return app.base_url if request.param == "proxy" else app.direct_url
+    Serve's per-request wrapper), the replica's own port under uvicorn (the fast path),
+    and Raybatch's own HTTP server (`ingress.native_port`)."""
+    return {"proxy": app.base_url, "fast-path": app.direct_url,
+            "native": app.native_url}[request.param]
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                                       "`raybatch join`)")
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
+    p.add_argument("--native-port", type=int, metavar="PORT",
+                   help="port of Raybatch's own HTTP server in the ingress replicas, 0 for "
+                        "none (default: the config's ingress.native_port)")
     p.add_argument("--grpc-port", type=int,
                    help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
@@ -44,7 +47,7 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
 def up(args: argparse.Namespace) -> int:
     from cluster.config import load_default
 
-    config = load_default(args.config)
+    config = with_front_overrides(load_default(args.config), args)
     # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
     # this environment) starts: Serve reads these once, at import.
     env = serve_environment_here(config)
@@ -86,7 +89,7 @@ def up(args: argparse.Namespace) -> int:
             serve.shutdown()
             ray.shutdown()
         return 1
-    _print_welcome(config, host, port, grpc_port)
+    _print_welcome(config, host, port, grpc_port, ingress.native_port)
     _print_metrics(config)
     if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
         print("Ray's token authentication is on (its default for a local cluster): "
@@ -298,9 +301,31 @@ def grpc_options(port: int) -> dict[str, Any]:
     return {"port": port, "grpc_servicer_functions": SERVICER_FUNCTIONS}
 
 
-def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = None) -> None:
-    base = f"http://{host}:{port}{config.ingress.route_prefix.rstrip('/')}"
-    print(f"\nRaybatch is serving at {base}", flush=True)
+def with_front_overrides(config: Any, args: argparse.Namespace) -> Any:
+    """`config` with the command line's host and native port (the ingress replicas read
+    them from the config: they start the native server where the config says)."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        changes["host"] = args.host
+    if getattr(args, "native_port", None) is not None:
+        changes["native_port"] = args.native_port or None
+    if not changes:
+        return config
+    ingress = type(config.ingress).model_validate({**config.ingress.model_dump(), **changes})
+    return config.model_copy(update={"ingress": ingress})
+
+
+def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = None,
+                   native_port: int | None = None) -> None:
+    prefix = config.ingress.route_prefix.rstrip('/')
+    serve_base = f"http://{host}:{port}{prefix}"
+    base = f"http://{host}:{native_port}" if native_port else serve_base
+    if native_port:
+        print(f"\nRaybatch is serving at {base} (its own HTTP server, in the ingress)",
+              flush=True)
+        print(f"  Serve's HTTP front: {serve_base} (same routes)")
+    else:
+        print(f"\nRaybatch is serving at {base}", flush=True)
     if grpc_port:
         print(f"  gRPC (KServe v2 / Triton): {host}:{grpc_port} (tritonclient.grpc)")
     for m in config.models:

@@ -33,8 +33,12 @@ ALL_INTERFACES = "0.0.0.0"
 
 
 def pod_serve_config(config: RaybatchConfig) -> dict[str, Any]:
-    """What `raybatch build` renders, listening on every interface of the pod."""
-    ingress = config.ingress.model_copy(update={"host": ALL_INTERFACES})
+    """What `raybatch build` renders, listening on every interface of the pod. Without
+    Raybatch's own HTTP server (`ingress.native_port`): on Kubernetes the ingress replicas
+    land on whichever worker pods Ray picks, and a Service on that port would also send
+    connections to pods that hold none; KubeRay's serve Service (Serve's front on every
+    pod) is the way in."""
+    ingress = config.ingress.model_copy(update={"host": ALL_INTERFACES, "native_port": None})
     return serve_config(config.model_copy(update={"ingress": ingress}))
 
 

@@ -193,3 +193,20 @@ def test_the_engines_process_reserves_its_in_process_replicas_cpus():
     assert cfg.ingress_num_cpus == 0.5 + 0.25
     _, b, c = cfg.models
     assert c.batcher_num_cpus == 0.1 + 0.5 and b.batcher_num_cpus == 0.0  # b: no actor
+
+
+@pytest.mark.parametrize("ingress, words", [
+    ({"native_port": 8000}, "Serve's HTTP port"),
+    ({"native_port": 9000}, "Serve's gRPC port"),
+    ({"native_port": 0}, "native_port"),
+])
+def test_the_native_servers_port_is_a_port_of_its_own(ingress, words):
+    with pytest.raises(ConfigError) as e:
+        load_config({"ingress": ingress, "models": []})
+    assert words in str(e.value)
+
+
+def test_the_native_server_is_off_unless_a_port_is_given():
+    assert load_config({"models": []}).ingress.native_port is None
+    assert load_config({"ingress": {"native_port": 8080}, "models": []}).ingress.native_port \
+        == 8080

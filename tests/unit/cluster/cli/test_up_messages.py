@@ -26,3 +26,25 @@ def test_the_example_request_fits_every_input():
     assert json.loads(body) == [
         {"name": "ids", "datatype": "INT64", "shape": [1, 1], "data": [1]},
         {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]
+
+
+def test_the_native_server_is_the_url_printed_and_the_command_line_overrides_it(capsys):
+    import argparse
+
+    from cluster.cli.serving import _print_welcome, with_front_overrides
+    from cluster.config import load_default
+
+    demo = load_default(None)
+    assert demo.ingress.native_port == 8088
+    _print_welcome(demo, "127.0.0.1", 8000, 9000, demo.ingress.native_port)
+    out = capsys.readouterr().out
+    assert "Raybatch is serving at http://127.0.0.1:8088 (its own HTTP server" in out
+    assert "Serve's HTTP front: http://127.0.0.1:8000" in out
+    assert "curl -s http://127.0.0.1:8088/v2/models/square/infer" in out
+
+    args = argparse.Namespace(host="0.0.0.0", native_port=0)
+    off = with_front_overrides(demo, args)
+    assert off.ingress.native_port is None and off.ingress.host == "0.0.0.0"
+    assert with_front_overrides(demo, argparse.Namespace(host=None, native_port=None)) is demo
+    moved = with_front_overrides(demo, argparse.Namespace(host=None, native_port=8099))
+    assert moved.ingress.native_port == 8099 and moved.models == demo.models

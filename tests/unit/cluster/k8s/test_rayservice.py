@@ -61,6 +61,8 @@ def test_serve_config_is_what_raybatch_build_renders_listening_on_the_pod(which,
     built = serve_config(config)
     built["http_options"]["host"] = "0.0.0.0"
     built["applications"][0]["args"]["config"]["ingress"]["host"] = "0.0.0.0"
+    # no native server on pods: KubeRay's serve Service is the way in (pod_serve_config)
+    built["applications"][0]["args"]["config"]["ingress"]["native_port"] = None
     assert serve == built
     assert unknown_keys(serve, ServeDeploySchema) == []  # Serve ignores unknown keys
     (app,) = ServeDeploySchema.model_validate(serve).applications

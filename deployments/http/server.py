@@ -1,0 +1,474 @@
+"""Raybatch's own HTTP/1.1 server: the OIP app on a port of each ingress replica.
+
+Why: under Serve's direct ingress, uvicorn answers each request through its
+ASGI cycle, two socket writes, a keep-alive timer reset and its middlewares: on
+these machines 50 us of CPU per request for an app that answers `{}`, and 39% of
+an ingress replica's samples serving `mlp` (`benchmarks.profile_ingress`). This
+server does what the OIP app needs and no more: httptools parses, one small
+`_Cycle` per request carries the ASGI `receive`/`send`, and a response goes out
+in ONE write when its length is known (status line, headers and body; a
+zero-copy response's parts in one `writelines`); streams (SSE) go out chunked,
+one write per event. Keep-alive idleness is checked by one sweep a second for all
+connections, not a timer per request.
+
+What it keeps of a proper server: pipelined requests are answered in order, one
+at a time; a request body is buffered up to `READ_BUFFER_BYTES`, past which the
+socket stops being read until the app takes it (so a client cannot grow memory,
+and `BodyReader` still refuses a large body at the piece that crosses the limit);
+`Expect: 100-continue` is answered when the app first asks for the body; an
+`Upgrade` (WebSocket, h2c) is ignored (answered in HTTP/1.1, then closed); a client's
+end of input (FIN) still gets the answers to what it sent whole; request
+lines and headers past `max_header_bytes` get 431 (a URL past it 414) before the
+app sees them; unparsable input gets 400 and the connection closes; a client that
+goes away wakes the app's `receive` with `http.disconnect` (SSE generations end);
+writes wait while the client's socket buffer is full; an app error before the
+response starts is a 500 `{"error"}`, after it the connection closes. Connections
+idle (or sending headers) longer than `keep_alive_s` are closed.
+
+`SO_REUSEPORT`: every ingress replica of a node binds the same port and the
+kernel spreads connections across them, as Serve's own proxies do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+import orjson
+
+log = logging.getLogger("deployments.http")
+
+READ_BUFFER_BYTES = 64 * 2**10  # request body buffered before reading pauses
+MAX_PIPELINED = 16  # requests parsed ahead of the one being answered
+_STATUS = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
+_CHUNKED_HEADER = b"transfer-encoding: chunked\r\n"
+_KEEP_CLOSE = b"connection: close\r\n"
+
+
+def _status_line(status: int) -> bytes:
+    return _STATUS.get(status) or b"HTTP/1.1 %d Status\r\n" % status
+
+
+def _error_response(status: int, message: str) -> bytes:
+    body = orjson.dumps({"error": message})
+    return (_status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n"
+            % len(body) + _KEEP_CLOSE + b"\r\n" + body)
+
+
+class HttpServer:
+    """Serves `app` (an ASGI callable) on `host:port` from the running loop.
+
+    >>> server = HttpServer(app.direct, host="0.0.0.0", port=8080)   # doctest: +SKIP
+    >>> await server.start(); ...; await server.stop(10)             # doctest: +SKIP
+    """
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
+                 reuse_port: bool = True, keep_alive_s: float = 75.0,
+                 max_header_bytes: int = 16 * 2**10, route_prefix: str = "/") -> None:
+        self.app, self.host, self.port = app, host, port
+        # ASGI's root_path: the app's routes answer under the prefix, and without it
+        self.root_path = route_prefix.rstrip("/")
+        self.reuse_port, self.keep_alive_s = reuse_port, keep_alive_s
+        self.max_header_bytes = max_header_bytes
+        self.connections: set[_Connection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        """Bind and listen; `port` 0 takes a free port (read `self.port` after)."""
+        self._loop = loop = asyncio.get_running_loop()
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            raise RuntimeError(f"the ingress's HTTP server cannot bind {self.host}:{self.port}"
+                               f" ({e.strerror}): another process holds that port; choose "
+                               "another ingress.native_port, or null to serve through Serve "
+                               "only") from e
+        self.port = sock.getsockname()[1]
+        self._server = await loop.create_server(lambda: _Connection(self), sock=sock,
+                                                backlog=2048)
+        self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def close(self) -> None:
+        """Stop accepting; requests in progress go on (see `stop`)."""
+        if self._server is not None:
+            self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, close idle connections, give the rest `timeout_s` to finish
+        their responses, then close whatever is left."""
+        self.close()
+        give_up = time.monotonic() + timeout_s
+        while True:
+            for c in list(self.connections):
+                if not c.busy:
+                    c.close()
+            if not self.connections or time.monotonic() >= give_up:
+                break
+            await asyncio.sleep(0.05)
+        for c in list(self.connections):
+            c.close()
+
+    def _sweep(self) -> None:
+        """Close connections idle, or stuck sending headers, past `keep_alive_s`."""
+        now = time.monotonic()
+        for c in list(self.connections):
+            if not c.busy and now - c.last_read > self.keep_alive_s:
+                c.close()
+        if self._loop is not None:
+            self._sweeper = self._loop.call_later(1.0, self._sweep)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: the parser, the queue of requests, the write gate."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = server._loop
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: Any = None
+        self.client: tuple[str, int] | None = None
+        self.local: tuple[str, int] | None = None
+        self.cycles: deque[_Cycle] = deque()  # [0] is being answered; the rest wait
+        self.parsing: _Cycle | None = None  # the request whose body is arriving
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.header_bytes = 0
+        self.last_read = time.monotonic()
+        self.paused_reading = False
+        self.writable: asyncio.Event | None = None  # set while the socket takes writes
+        self.closed = False
+        self.eof = False  # the client will send nothing more
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.cycles)
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.client = _address(transport.get_extra_info("peername"))
+        self.local = _address(transport.get_extra_info("sockname"))
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for cycle in self.cycles:
+            cycle.disconnected = True
+            cycle.wake()
+        if self.writable is not None:
+            self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Answered as plain HTTP/1.1 (a server may ignore Upgrade), then closed: the
+            # parser reads nothing after an upgrade request.
+            if self.cycles:
+                self.cycles[-1].keep_alive = False
+                self._pause_reading()
+            else:
+                self._reject(400, "protocol upgrades (WebSocket, h2c) are not served here")
+        except httptools.HttpParserError as e:
+            why = e.__context__  # a callback's own exception (httptools wraps it)
+            if isinstance(why, _Refused):
+                self._reject(why.status, str(why))
+            else:
+                if why is not None:
+                    log.error("HTTP parser callback failed", exc_info=why)
+                self._reject(400, f"malformed HTTP request: {e}; send HTTP/1.1")
+
+    def eof_received(self) -> bool | None:
+        """The client sent all it will (a close, or a half-close after its requests):
+        what it sent whole is still answered, then the connection closes; a request cut
+        short learns the client is gone (`http.disconnect`). A client that really went
+        away is noticed at the next write (an event stream's next event)."""
+        self.eof = True
+        if not self.cycles:
+            return None  # nothing to answer: close now
+        for cycle in self.cycles:
+            if not cycle.complete:
+                cycle.disconnected = True
+                cycle.wake()
+        return True  # keep our side open for the answers
+
+    def pause_writing(self) -> None:
+        if self.writable is None:
+            self.writable = asyncio.Event()
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None:
+            self.writable.set()
+
+    # -- httptools callbacks --------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url, self.headers, self.header_bytes = b"", [], 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.server.max_header_bytes:
+            raise _Refused(414, f"the request URL is over {self.server.max_header_bytes} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > self.server.max_header_bytes:
+            raise _Refused(431, f"the request headers are over {self.server.max_header_bytes}"
+                                " bytes (ingress.max_header_bytes); send fewer or smaller")
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        url = httptools.parse_url(self.url)
+        raw_path = url.path
+        path = raw_path.decode("ascii", "replace")
+        if "%" in path:
+            path = unquote(path)
+        version = parser.get_http_version()
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": version, "server": self.local, "client": self.client,
+            "scheme": "http", "method": parser.get_method().decode("ascii", "replace"),
+            "root_path": self.server.root_path, "path": path, "raw_path": raw_path,
+            "query_string": url.query or b"", "headers": self.headers,
+        }
+        cycle = _Cycle(self, scope, parser.should_keep_alive())
+        if any(n == b"expect" and v.lower() == b"100-continue" for n, v in self.headers):
+            cycle.expect_100 = True
+        self.parsing = cycle
+        self.cycles.append(cycle)
+        if len(self.cycles) == 1:
+            cycle.start()
+        elif len(self.cycles) > MAX_PIPELINED:
+            self._pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.parsing
+        if cycle is None or cycle.answered:
+            return  # the app answered without reading it: dropped, the connection closes
+        cycle.body.append(body)
+        cycle.buffered += len(body)
+        if cycle.buffered > READ_BUFFER_BYTES:
+            self._pause_reading()
+        cycle.wake()
+
+    def on_message_complete(self) -> None:
+        cycle = self.parsing
+        if cycle is not None:
+            cycle.complete = True
+            cycle.wake()
+        self.parsing = None
+
+    # -- helpers --------------------------------------------------------------------------
+    def _pause_reading(self) -> None:
+        if not self.paused_reading and not self.closed:
+            self.paused_reading = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.paused_reading and not self.closed:
+            self.paused_reading = False
+            self.transport.resume_reading()
+
+    def _reject(self, status: int, message: str) -> None:
+        """Unparsable or oversized input: answer it (if nothing is being answered) and
+        close; what the client sent after it cannot be trusted."""
+        if not self.closed:
+            if not self.cycles or not self.cycles[0].started:
+                self.transport.write(_error_response(status, message))
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def done(self, cycle: _Cycle) -> None:
+        """`cycle`'s response is complete: answer the next request, or close."""
+        if self.cycles and self.cycles[0] is cycle:
+            self.cycles.popleft()
+        if not (cycle.keep_alive and cycle.complete) or self.closed or (
+                self.eof and not self.cycles):
+            self.close()  # asked to, an unread body in the way, or nothing more will come
+            return
+        if self.cycles:
+            self.cycles[0].start()
+        if self.paused_reading and len(self.cycles) <= MAX_PIPELINED and not any(
+                c.buffered > READ_BUFFER_BYTES for c in self.cycles):
+            self.resume_reading()
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Cycle:
+    """One request/response: ASGI `receive` and `send` over its connection."""
+
+    __slots__ = ("answered", "body", "body_done", "buffered", "complete", "conn",
+                 "disconnected", "expect_100", "framing", "head", "keep_alive", "parts",
+                 "scope", "started", "waiter")
+
+    def __init__(self, conn: _Connection, scope: dict, keep_alive: bool) -> None:
+        self.conn, self.scope, self.keep_alive = conn, scope, keep_alive
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.complete = False  # the whole request (body too) has been parsed
+        self.body_done = False  # the app was given the body's last piece
+        self.disconnected = False
+        self.expect_100 = False
+        self.started = False  # the app was called
+        self.answered = False  # the response is complete
+        self.waiter: asyncio.Future | None = None
+        self.head: bytes | None = None  # status line + headers; b"" once written
+        self.framing = _LENGTH
+        self.parts: list[Any] = []
+
+    def start(self) -> None:
+        self.started = True
+        self.conn.loop.create_task(self._run())
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _run(self) -> None:
+        try:
+            await self.conn.server.app(self.scope, self.receive, self.send)
+        except BaseException as e:  # the connection must still end right
+            if self.head != b"" and not self.conn.closed:  # nothing written yet
+                log.exception("the HTTP app failed before answering %s %s",
+                              self.scope["method"], self.scope["path"])
+                self.conn.transport.write(_error_response(
+                    500, f"internal error: {type(e).__name__}; see the ingress replica's log"))
+            self.conn.close()
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        if not self.answered:  # the app returned without a whole response
+            self.conn.close()
+
+    # -- ASGI -----------------------------------------------------------------------------
+    async def receive(self) -> dict:
+        while True:
+            if self.body or (self.complete and not self.body_done):
+                body = (b"" if not self.body else self.body[0] if len(self.body) == 1
+                        else b"".join(self.body))
+                self.body.clear()
+                self.buffered = 0
+                self.body_done = self.complete
+                self.conn.resume_reading()
+                return {"type": "http.request", "body": body, "more_body": not self.complete}
+            if self.disconnected or self.answered or self.conn.closed:
+                return {"type": "http.disconnect"}
+            if self.expect_100 and not self.body_done:
+                self.expect_100 = False
+                self.conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if not self.body_done:
+                self.conn.resume_reading()
+            self.waiter = self.conn.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+    async def send(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.head is not None:
+                raise RuntimeError("http.response.start sent twice")
+            self._start(message)
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if self.head is None:
+            raise RuntimeError("http.response.body before http.response.start")
+        conn = self.conn
+        if conn.closed or self.answered:
+            return  # the client went away: nothing to write to
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.scope["method"] == "HEAD":
+            body = b""
+        framing = self.framing
+        if framing is _LENGTH:  # gathered, written once at the end
+            if body:
+                self.parts.append(body)
+            if more:
+                return
+            out = [self.head, *self.parts]
+            self.parts = []
+        elif framing is _CHUNKED:
+            out = [self.head, b"%x\r\n" % len(body), body, b"\r\n"] if body else [self.head]
+            if not more:
+                out.append(b"0\r\n\r\n")
+        else:  # _UNTIL_CLOSE (HTTP/1.0 with no length): the bytes as they come
+            out = [self.head, body]
+        self.head = b""
+        if more:
+            conn.transport.writelines(out)
+            if conn.writable is not None and not conn.writable.is_set():
+                await conn.writable.wait()
+            return
+        self.answered = True
+        conn.transport.writelines(out)
+        self.wake()  # a receive waiting for the end of the request learns it is over
+        conn.done(self)
+
+    def _start(self, message: dict) -> None:
+        lines = [_status_line(message["status"])]
+        length = close = False
+        for name, value in message.get("headers", ()):
+            low = name.lower()
+            if low == b"content-length":
+                length = True
+            elif low == b"connection":
+                close = close or value.lower() == b"close"
+                continue  # ours, below
+            elif low == b"transfer-encoding":
+                continue  # ours, below
+            lines.append(b"%s: %s\r\n" % (name, value))
+        if not length:
+            if self.scope["http_version"] == "1.1":
+                self.framing = _CHUNKED
+                lines.append(_CHUNKED_HEADER)
+            else:
+                self.framing = _UNTIL_CLOSE
+                close = True  # HTTP/1.0: the end of the connection ends the body
+        if close or not self.keep_alive:
+            self.keep_alive = False
+            lines.append(_KEEP_CLOSE)
+        lines.append(b"\r\n")
+        self.head = b"".join(lines)
+
+
+_LENGTH, _CHUNKED, _UNTIL_CLOSE = "length", "chunked", "until-close"
+
+
+def _address(addr: Any) -> tuple[str, int] | None:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return str(addr[0]), int(addr[1])
+    return None
