@@ -179,7 +179,8 @@ class Ingress(GrpcIngress):
             self.native = HttpServer(self.http.direct, host=ingress.host,
                                      port=ingress.native_port,
                                      max_header_bytes=ingress.max_header_bytes,
-                                     route_prefix=ingress.route_prefix)
+                                     route_prefix=ingress.route_prefix,
+                                     owner=self.config.app_name)
             await self.native.start()
         metrics = self.config.metrics
         if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total

@@ -26,14 +26,21 @@ response starts is a 500 `{"error"}`, after it the connection closes. Connection
 idle (or sending headers) longer than `keep_alive_s` are closed.
 
 `SO_REUSEPORT`: every ingress replica of a node binds the same port and the
-kernel spreads connections across them, as Serve's own proxies do.
+kernel spreads connections across them, as Serve's own proxies do. The kernel
+would as gladly spread them across two different apps of the same user, giving
+one app's clients the other's answers: `claim_port` refuses that (a small file per
+port, per node, names the app whose live processes hold it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
 import logging
+import os
 import socket
+import tempfile
 import time
 from collections import deque
 from http import HTTPStatus
@@ -71,8 +78,10 @@ class HttpServer:
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
                  reuse_port: bool = True, keep_alive_s: float = 75.0,
-                 max_header_bytes: int = 16 * 2**10, route_prefix: str = "/") -> None:
+                 max_header_bytes: int = 16 * 2**10, route_prefix: str = "/",
+                 owner: str | None = None) -> None:
         self.app, self.host, self.port = app, host, port
+        self.owner = owner  # with reuse_port: the app whose processes may share the port
         # ASGI's root_path: the app's routes answer under the prefix, and without it
         self.root_path = route_prefix.rstrip("/")
         self.reuse_port, self.keep_alive_s = reuse_port, keep_alive_s
@@ -85,6 +94,8 @@ class HttpServer:
     async def start(self) -> None:
         """Bind and listen; `port` 0 takes a free port (read `self.port` after)."""
         self._loop = loop = asyncio.get_running_loop()
+        if self.reuse_port and self.port and self.owner is not None:
+            claim_port(self.port, self.owner)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -466,6 +477,43 @@ class _Cycle:
 
 
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = "length", "chunked", "until-close"
+
+
+def claim_port(port: int, owner: str, folder: str | None = None) -> None:
+    """Record that this process serves `owner` (an app) on `port`; raise RuntimeError if
+    live processes of another owner hold it on this node (SO_REUSEPORT would mix them)."""
+    path = os.path.join(folder or tempfile.gettempdir(), f"raybatch-native-port-{port}.json")
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # the node's replicas start concurrently
+        f.seek(0)
+        try:
+            holders = json.loads(f.read() or "[]")
+        except ValueError:
+            holders = []
+        live = [h for h in holders if isinstance(h, dict) and _alive(h.get("pid"))]
+        others = sorted({h.get("owner") for h in live} - {owner})
+        if others:
+            raise RuntimeError(
+                f"port {port} (ingress.native_port) is served by app {others[0]!r} on this "
+                f"node, and the kernel would split connections between it and {owner!r}: "
+                "give each app its own ingress.native_port")
+        live = [h for h in live if h["pid"] != os.getpid()]
+        live.append({"pid": os.getpid(), "owner": owner})
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(live))
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _address(addr: Any) -> tuple[str, int] | None:

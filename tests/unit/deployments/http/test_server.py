@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from deployments.http.server import READ_BUFFER_BYTES, HttpServer
+from deployments.http.server import READ_BUFFER_BYTES, HttpServer, claim_port
 from tests.unit.deployments.http.fakes import infer_body, make_app, run
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check
 
@@ -433,3 +433,16 @@ def test_byte_level_fuzz_never_crashes_hangs_or_answers_wrongly():
     assert all(code < 500 for code in statuses), sorted(set(statuses))
     assert {200, 400, 404} <= set(statuses), sorted(set(statuses))  # it reaches the app
     assert after.json()["outputs"][0]["data"] == [25.0] and inflight == 0
+
+
+def test_a_port_is_shared_by_one_apps_processes_only(tmp_path):
+    claim_port(8123, "app-a", str(tmp_path))
+    claim_port(8123, "app-a", str(tmp_path))  # this app's next replica: fine
+    with pytest.raises(RuntimeError, match=r"served by app 'app-a'.*own ingress\.native_port"):
+        claim_port(8123, "app-b", str(tmp_path))
+    # a holder that is gone does not count
+    (tmp_path / "raybatch-native-port-8124.json").write_text(
+        json.dumps([{"pid": 2**22 + 7, "owner": "app-a"}]))
+    claim_port(8124, "app-b", str(tmp_path))
+    (tmp_path / "raybatch-native-port-8125.json").write_text("not json")
+    claim_port(8125, "app-b", str(tmp_path))
