@@ -1,6 +1,10 @@
 """The HTTP front door: the Open Inference Protocol as a raw ASGI app (no framework, no Ray).
 
 In the order a request meets it
+    server.py     Raybatch's own HTTP/1.1 server (ingress.native_port): connections,
+                  parsing, limits, keep-alive sweep, stop; cycle.py: one request's ASGI
+                  receive/send and the response's framing (one write); portclaim.py: one
+                  app per native port on a node
     fastpath.py   the fast path: a Serve direct-ingress middleware that hands OIP routes
                   to the app before Serve's per-request wrapper; FAST_PATH_ENV
     app.py        OipApp: drain/in-flight gate, header limits, route, handler, reply,

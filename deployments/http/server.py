@@ -5,7 +5,7 @@ ASGI cycle, two socket writes, a keep-alive timer reset and its middlewares: on
 these machines 50 us of CPU per request for an app that answers `{}`, and 39% of
 an ingress replica's samples serving `mlp` (`benchmarks.profile_ingress`). This
 server does what the OIP app needs and no more: httptools parses, one small
-`_Cycle` per request carries the ASGI `receive`/`send`, and a response goes out
+`Cycle` per request carries the ASGI `receive`/`send`, and a response goes out
 in ONE write when its length is known (status line, headers and body; a
 zero-copy response's parts in one `writelines`); streams (SSE) go out chunked,
 one write per event. Keep-alive idleness is checked by one sweep a second for all
@@ -29,44 +29,28 @@ idle (or sending headers) longer than `keep_alive_s` are closed.
 kernel spreads connections across them, as Serve's own proxies do. The kernel
 would as gladly spread them across two different apps of the same user, giving
 one app's clients the other's answers: `claim_port` refuses that (a small file per
-port, per node, names the app whose live processes hold it).
+port, per node, names the app whose live processes hold it). The request/response
+cycle (ASGI `receive`/`send`, framing) is `deployments.http.cycle`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
 import logging
-import os
 import socket
-import tempfile
 import time
 from collections import deque
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
-import orjson
+
+from deployments.http.cycle import READ_BUFFER_BYTES, Cycle, error_response
+from deployments.http.portclaim import claim_port
 
 log = logging.getLogger("deployments.http")
 
-READ_BUFFER_BYTES = 64 * 2**10  # request body buffered before reading pauses
 MAX_PIPELINED = 16  # requests parsed ahead of the one being answered
-_STATUS = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode()) for s in HTTPStatus}
-_CHUNKED_HEADER = b"transfer-encoding: chunked\r\n"
-_KEEP_CLOSE = b"connection: close\r\n"
-
-
-def _status_line(status: int) -> bytes:
-    return _STATUS.get(status) or b"HTTP/1.1 %d Status\r\n" % status
-
-
-def _error_response(status: int, message: str) -> bytes:
-    body = orjson.dumps({"error": message})
-    return (_status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n"
-            % len(body) + _KEEP_CLOSE + b"\r\n" + body)
 
 
 class HttpServer:
@@ -157,8 +141,8 @@ class _Connection(asyncio.Protocol):
         self.transport: Any = None
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
-        self.cycles: deque[_Cycle] = deque()  # [0] is being answered; the rest wait
-        self.parsing: _Cycle | None = None  # the request whose body is arriving
+        self.cycles: deque[Cycle] = deque()  # [0] is being answered; the rest wait
+        self.parsing: Cycle | None = None  # the request whose body is arriving
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.header_bytes = 0
@@ -263,7 +247,7 @@ class _Connection(asyncio.Protocol):
             "root_path": self.server.root_path, "path": path, "raw_path": raw_path,
             "query_string": url.query or b"", "headers": self.headers,
         }
-        cycle = _Cycle(self, scope, parser.should_keep_alive())
+        cycle = Cycle(self, scope, parser.should_keep_alive())
         if any(n == b"expect" and v.lower() == b"100-continue" for n, v in self.headers):
             cycle.expect_100 = True
         self.parsing = cycle
@@ -306,7 +290,7 @@ class _Connection(asyncio.Protocol):
         close; what the client sent after it cannot be trusted."""
         if not self.closed:
             if not self.cycles or not self.cycles[0].started:
-                self.transport.write(_error_response(status, message))
+                self.transport.write(error_response(status, message))
             self.close()
 
     def close(self) -> None:
@@ -314,7 +298,7 @@ class _Connection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
-    def done(self, cycle: _Cycle) -> None:
+    def done(self, cycle: Cycle) -> None:
         """`cycle`'s response is complete: answer the next request, or close."""
         if self.cycles and self.cycles[0] is cycle:
             self.cycles.popleft()
@@ -335,185 +319,7 @@ class _Refused(Exception):
         self.status = status
 
 
-class _Cycle:
-    """One request/response: ASGI `receive` and `send` over its connection."""
-
-    __slots__ = ("answered", "body", "body_done", "buffered", "complete", "conn",
-                 "disconnected", "expect_100", "framing", "head", "keep_alive", "parts",
-                 "scope", "started", "waiter")
-
-    def __init__(self, conn: _Connection, scope: dict, keep_alive: bool) -> None:
-        self.conn, self.scope, self.keep_alive = conn, scope, keep_alive
-        self.body: list[bytes] = []
-        self.buffered = 0
-        self.complete = False  # the whole request (body too) has been parsed
-        self.body_done = False  # the app was given the body's last piece
-        self.disconnected = False
-        self.expect_100 = False
-        self.started = False  # the app was called
-        self.answered = False  # the response is complete
-        self.waiter: asyncio.Future | None = None
-        self.head: bytes | None = None  # status line + headers; b"" once written
-        self.framing = _LENGTH
-        self.parts: list[Any] = []
-
-    def start(self) -> None:
-        self.started = True
-        self.conn.loop.create_task(self._run())
-
-    def wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def _run(self) -> None:
-        try:
-            await self.conn.server.app(self.scope, self.receive, self.send)
-        except BaseException as e:  # the connection must still end right
-            if self.head != b"" and not self.conn.closed:  # nothing written yet
-                log.exception("the HTTP app failed before answering %s %s",
-                              self.scope["method"], self.scope["path"])
-                self.conn.transport.write(_error_response(
-                    500, f"internal error: {type(e).__name__}; see the ingress replica's log"))
-            self.conn.close()
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            return
-        if not self.answered:  # the app returned without a whole response
-            self.conn.close()
-
-    # -- ASGI -----------------------------------------------------------------------------
-    async def receive(self) -> dict:
-        while True:
-            if self.body or (self.complete and not self.body_done):
-                body = (b"" if not self.body else self.body[0] if len(self.body) == 1
-                        else b"".join(self.body))
-                self.body.clear()
-                self.buffered = 0
-                self.body_done = self.complete
-                self.conn.resume_reading()
-                return {"type": "http.request", "body": body, "more_body": not self.complete}
-            if self.disconnected or self.answered or self.conn.closed:
-                return {"type": "http.disconnect"}
-            if self.expect_100 and not self.body_done:
-                self.expect_100 = False
-                self.conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            if not self.body_done:
-                self.conn.resume_reading()
-            self.waiter = self.conn.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-
-    async def send(self, message: dict) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            if self.head is not None:
-                raise RuntimeError("http.response.start sent twice")
-            self._start(message)
-            return
-        if kind != "http.response.body":
-            raise RuntimeError(f"unexpected ASGI message {kind!r}")
-        if self.head is None:
-            raise RuntimeError("http.response.body before http.response.start")
-        conn = self.conn
-        if conn.closed or self.answered:
-            return  # the client went away: nothing to write to
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        if self.scope["method"] == "HEAD":
-            body = b""
-        framing = self.framing
-        if framing is _LENGTH:  # gathered, written once at the end
-            if body:
-                self.parts.append(body)
-            if more:
-                return
-            out = [self.head, *self.parts]
-            self.parts = []
-        elif framing is _CHUNKED:
-            out = [self.head, b"%x\r\n" % len(body), body, b"\r\n"] if body else [self.head]
-            if not more:
-                out.append(b"0\r\n\r\n")
-        else:  # _UNTIL_CLOSE (HTTP/1.0 with no length): the bytes as they come
-            out = [self.head, body]
-        self.head = b""
-        if more:
-            conn.transport.writelines(out)
-            if conn.writable is not None and not conn.writable.is_set():
-                await conn.writable.wait()
-            return
-        self.answered = True
-        conn.transport.writelines(out)
-        self.wake()  # a receive waiting for the end of the request learns it is over
-        conn.done(self)
-
-    def _start(self, message: dict) -> None:
-        lines = [_status_line(message["status"])]
-        length = close = False
-        for name, value in message.get("headers", ()):
-            low = name.lower()
-            if low == b"content-length":
-                length = True
-            elif low == b"connection":
-                close = close or value.lower() == b"close"
-                continue  # ours, below
-            elif low == b"transfer-encoding":
-                continue  # ours, below
-            lines.append(b"%s: %s\r\n" % (name, value))
-        if not length:
-            if self.scope["http_version"] == "1.1":
-                self.framing = _CHUNKED
-                lines.append(_CHUNKED_HEADER)
-            else:
-                self.framing = _UNTIL_CLOSE
-                close = True  # HTTP/1.0: the end of the connection ends the body
-        if close or not self.keep_alive:
-            self.keep_alive = False
-            lines.append(_KEEP_CLOSE)
-        lines.append(b"\r\n")
-        self.head = b"".join(lines)
-
-
-_LENGTH, _CHUNKED, _UNTIL_CLOSE = "length", "chunked", "until-close"
-
-
-def claim_port(port: int, owner: str, folder: str | None = None) -> None:
-    """Record that this process serves `owner` (an app) on `port`; raise RuntimeError if
-    live processes of another owner hold it on this node (SO_REUSEPORT would mix them)."""
-    path = os.path.join(folder or tempfile.gettempdir(), f"raybatch-native-port-{port}.json")
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # the node's replicas start concurrently
-        f.seek(0)
-        try:
-            holders = json.loads(f.read() or "[]")
-        except ValueError:
-            holders = []
-        live = [h for h in holders if isinstance(h, dict) and _alive(h.get("pid"))]
-        others = sorted({h.get("owner") for h in live} - {owner})
-        if others:
-            raise RuntimeError(
-                f"port {port} (ingress.native_port) is served by app {others[0]!r} on this "
-                f"node, and the kernel would split connections between it and {owner!r}: "
-                "give each app its own ingress.native_port")
-        live = [h for h in live if h["pid"] != os.getpid()]
-        live.append({"pid": os.getpid(), "owner": owner})
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(live))
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+__all__ = ["READ_BUFFER_BYTES", "HttpServer", "claim_port"]
 
 
 def _address(addr: Any) -> tuple[str, int] | None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 
 import pytest
 
-from deployments.http.server import READ_BUFFER_BYTES, HttpServer, claim_port
+from deployments.http.cycle import READ_BUFFER_BYTES
+from deployments.http.portclaim import claim_port
+from deployments.http.server import HttpServer
 from tests.unit.deployments.http.fakes import infer_body, make_app, run
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check
 
@@ -446,3 +449,7 @@ def test_a_port_is_shared_by_one_apps_processes_only(tmp_path):
     claim_port(8124, "app-b", str(tmp_path))
     (tmp_path / "raybatch-native-port-8125.json").write_text("not json")
     claim_port(8125, "app-b", str(tmp_path))
+    # a live pid that is another process than the one recorded (reused): does not count
+    (tmp_path / "raybatch-native-port-8126.json").write_text(
+        json.dumps([{"pid": os.getpid(), "start": "not-its-start", "owner": "app-a"}]))
+    claim_port(8126, "app-b", str(tmp_path))
