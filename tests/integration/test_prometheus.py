@@ -1,7 +1,7 @@
 """Every PromQL expression of the dashboard, answered by a real Prometheus scraping Ray.
 
 A Prometheus (Debian's `prometheus` package; skipped with an install hint where
-the binary is missing) scrapes the session Ray's metrics port every second while
+the binary is missing) scrapes the session Ray's metrics port every 3 s while
 every model of the shared app gets a little traffic. Then each expression of the
 dashboard rendered from the app's config, with the dashboard's variables filled
 in as Grafana would ("All" for cluster and model), must return data: at least
@@ -27,8 +27,11 @@ from cluster.grafana.dashboard import expressions, render_dashboard
 from tests.conftest import METRICS_PORT, free_port, wait_until
 
 pytestmark = pytest.mark.integration
-SCRAPE_S = 1
-RATE_WINDOW = "10s"  # $__rate_interval: Grafana takes at least 4 scrape intervals
+# Ray's endpoint can take over a second to render late in the suite (every series of
+# every app the session deployed): a CI run's scrapes all timed out at a 1 s timeout
+# (`up` 0 throughout). So 3 s, which is also the scrape's timeout.
+SCRAPE_S = 3
+RATE_WINDOW = "15s"  # $__rate_interval: Grafana takes at least 4 scrape intervals
 VARIABLES = {"$__rate_interval": RATE_WINDOW, "$cluster": ".*", "$model": ".*"}
 INSTALL_HINT = ("Prometheus is not installed: `sudo apt-get install prometheus` (Debian/Ubuntu; "
                 "`make setup` does it when run as root), or put a prometheus binary on PATH")
@@ -47,7 +50,8 @@ def prometheus(ray_address, tmp_path_factory):
     home = tmp_path_factory.mktemp("prometheus")
     config = home / "prometheus.yml"
     config.write_text(
-        f"global: {{scrape_interval: {SCRAPE_S}s, evaluation_interval: {SCRAPE_S}s}}\n"
+        f"global: {{scrape_interval: {SCRAPE_S}s, scrape_timeout: {SCRAPE_S}s, "
+        f"evaluation_interval: {SCRAPE_S}s}}\n"
         "scrape_configs:\n"
         "  - job_name: ray\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{METRICS_PORT}']}}]\n")
@@ -119,6 +123,31 @@ def traffic(app, seconds: float) -> None:
         round_ += 1
 
 
+def _diagnosis(url: str, start: float) -> str:
+    """What Prometheus and Ray's endpoint hold of the queue-wait histogram (for a failure)."""
+    lines = []
+    for expr in ("count by (model, level) (ray_raybatch_queue_wait_seconds_count)",
+                 "sum by (model) (ray_raybatch_queue_wait_seconds_count)",
+                 "sum by (model) (rate(ray_raybatch_queue_wait_seconds_count[10s]))",
+                 "up", "scrape_duration_seconds", "scrape_samples_scraped",
+                 "sum(ray_raybatch_requests_total)"):
+        try:
+            got = query_range(url, expr, start, time.time())
+            lines.append(f"{expr}: " + "; ".join(
+                f"{r['metric']} last={r['values'][-1][1]} n={len(r['values'])}" for r in got[:8]))
+        except Exception as e:  # the diagnosis must not hide the failure
+            lines.append(f"{expr}: {e!r}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        wait = [line for line in text.splitlines() if "queue_wait_seconds_count" in line]
+        lines.append(f"Ray's endpoint: {len(text.splitlines())} lines, queue_wait counts: "
+                     + " | ".join(wait[:6]))
+    except Exception as e:
+        lines.append(f"Ray's endpoint: {e!r}")
+    return "\n".join(lines)
+
+
 def query_range(url: str, expr: str, start: float, end: float) -> list[dict]:
     q = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": SCRAPE_S})
     answer = get_json(f"{url}/api/v1/query_range?{q}")
@@ -152,7 +181,11 @@ def test_every_dashboard_expression_returns_data_from_a_real_prometheus(app, pro
         traffic(app, seconds=1)
         return False
 
-    wait_until(probe_answers, timeout_s=60, every_s=0, what="the traffic to reach Prometheus")
+    give_up = time.monotonic() + 60
+    while not probe_answers():
+        if time.monotonic() > give_up:
+            pytest.fail("timed out after 60 s waiting for the traffic to reach Prometheus: "
+                        f"{probe}\n{_diagnosis(prometheus, start)}")
     time.sleep(2 * SCRAPE_S + 2)
 
     def still_missing(exprs: list) -> list:
