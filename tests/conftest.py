@@ -212,13 +212,14 @@ def arun(coro, timeout_s: float = 120.0):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
-async def hang_up_stream(base_url: str, model: str, events: int = 3) -> int:
+async def hang_up_stream(base_url: str, model: str, events: int = 3,
+                         max_tokens: int = 2000) -> int:
     """Start a long generate_stream of `model`, read `events` SSE events, then hang up
     (the client goes away mid-stream); the number of events read."""
     import aiohttp
 
     async with aiohttp.ClientSession() as s:
-        body = {"text_input": "Going on and on ", "parameters": {"max_tokens": 2000}}
+        body = {"text_input": "Going on and on ", "parameters": {"max_tokens": max_tokens}}
         r = await s.post(f"{base_url}/v2/models/{model}/generate_stream", json=body)
         seen = 0
         async for line in r.content:

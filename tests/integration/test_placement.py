@@ -172,11 +172,11 @@ def test_generations_in_the_ingress_stream_on_every_way_in(app):
 
 def test_a_client_that_hangs_up_frees_its_slot_in_the_ingress_engine(app):
     async def main():
-        return await hang_up_stream(app.base_url, LM)
+        return await hang_up_stream(app.base_url, LM, max_tokens=8000)
 
     before = app.stats(LM)
     assert arun(main(), 60) == 3
     stats = wait_until(lambda: (lambda s: s if s["active"] == 0 and s["waiting"] == 0 else None)(
-        app.stats(LM)), timeout_s=30, what="the generation to be cancelled")
+        app.stats(LM)), timeout_s=60, what="the generation to be cancelled")
     assert stats["cancelled"] > before["cancelled"]
-    assert stats["step_tokens"] - before["step_tokens"] < 1000  # it did not run to max_tokens
+    assert stats["step_tokens"] - before["step_tokens"] < 7000  # it did not run to max_tokens
