@@ -17,13 +17,10 @@ they come and a close. An app that fails before anything was written gets a 500
 from __future__ import annotations
 
 import asyncio
-import logging
 from http import HTTPStatus
 from typing import Any
 
-import orjson
-
-log = logging.getLogger("deployments.http")
+from deployments.http.errors import error_parts, log_error
 
 READ_BUFFER_BYTES = 64 * 2**10  # request body buffered before the socket stops being read
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = "length", "chunked", "until-close"  # response framing
@@ -36,10 +33,14 @@ def _status_line(status: int) -> bytes:
     return _STATUS.get(status) or b"HTTP/1.1 %d Status\r\n" % status
 
 
-def error_response(status: int, message: str) -> bytes:
-    body = orjson.dumps({"error": message})
-    return (_status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\n"
-            % len(body) + _KEEP_CLOSE + b"\r\n" + body)
+def error_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
+    """A whole error response that closes the connection; `body` and `headers` as
+    `deployments.http.errors.error_parts` makes them (the one error writer)."""
+    lines = [_status_line(status), *(b"%s: %s\r\n" % h for h in headers)]
+    if not any(name == b"content-type" for name, _ in headers):
+        lines.append(b"content-type: application/json\r\n")
+    return b"".join(lines) + b"content-length: %d\r\n" % len(body) + _KEEP_CLOSE + \
+        b"\r\n" + body
 
 
 class Cycle:
@@ -78,10 +79,9 @@ class Cycle:
             await self.conn.server.app(self.scope, self.receive, self.send)
         except BaseException as e:  # the connection must still end right
             if self.head != b"" and not self.conn.closed:  # nothing written yet
-                log.exception("the HTTP app failed before answering %s %s",
-                              self.scope["method"], self.scope["path"])
-                self.conn.transport.write(error_response(
-                    500, f"internal error: {type(e).__name__}; see the ingress replica's log"))
+                status, body, headers = error_parts(e)
+                log_error(e, status, self.scope["method"], self.scope["path"])
+                self.conn.transport.write(error_response(status, body, headers))
             self.conn.close()
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise

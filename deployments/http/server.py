@@ -47,6 +47,7 @@ import httptools
 
 from deployments.http.cycle import READ_BUFFER_BYTES, Cycle, error_response
 from deployments.http.portclaim import claim_port
+from deployments.protocol import error_body
 
 log = logging.getLogger("deployments.http")
 
@@ -290,7 +291,7 @@ class _Connection(asyncio.Protocol):
         close; what the client sent after it cannot be trusted."""
         if not self.closed:
             if not self.cycles or not self.cycles[0].started:
-                self.transport.write(error_response(status, message))
+                self.transport.write(error_response(status, error_body(message)))
             self.close()
 
     def close(self) -> None:
