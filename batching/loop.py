@@ -15,17 +15,40 @@ until it ends, so none is collected mid-flight. What a batch sends is captured w
 the pump forms it (`Dispatched.inputs`), never read back from the open requests
 later: a request cancelled between forming and sending (or before a retry) ends
 alone, and its batch-mates still run on exactly the inputs they were formed with.
+
+A batch (or step) is nobody's: the pump, its timer and every task a host starts run
+in an empty `contextvars` context (`detached`), never in the context of the submit
+that happened to schedule them. A task copies its creator's context, and a caller's
+context may say whose work it is: in a Ray actor, `ray._raylet.async_task_id` makes
+every Ray call of a task a child of the request that created it, so Serve cancelling
+that one request (its HTTP client hung up) would cancel the batch's call to the
+replica, and fail every batch-mate in it.
 The clock is injected (`clock`); never imports Ray.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
 from batching.errors import ServiceClosed
+
+
+def detached() -> contextvars.Context:
+    """An empty context, for work done on behalf of many requests: nothing of the
+    caller who happened to start it (see the note) travels with it."""
+    return contextvars.Context()
+
+
+def detached_task(coro: Coroutine[Any, Any, Any],
+                  loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Task:
+    """`coro` as a task that runs in a `detached` context (`create_task(context=...)`
+    needs Python 3.11; running `create_task` inside the context works from 3.10)."""
+    loop = loop or asyncio.get_running_loop()
+    return detached().run(loop.create_task, coro)
 
 
 class ReplicaDied(Exception):
@@ -145,11 +168,11 @@ class LoopHost(ABC, Generic[E]):
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self._loop.call_soon(self._pump)
+            self._loop.call_soon(self._pump, context=detached())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Start `coro` as a task, referenced until it ends (the loop holds tasks weakly)."""
-        task = self._loop.create_task(coro)
+        task = detached_task(coro, self._loop)  # nobody's child (see the note)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -159,7 +182,8 @@ class LoopHost(ABC, Generic[E]):
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = deadline
-        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer)
+        self._timer = self._loop.call_later(max(deadline - now, 0.0), self._on_timer,
+                                           context=detached())
 
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, float("inf")

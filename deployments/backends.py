@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from batching.errors import InvalidRequest, RaybatchError
+from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
 from deployments.generation import event_json, generate_request
@@ -100,7 +101,7 @@ class LocalEngine:
     async def start(self) -> None:
         """Start `min_replicas` replicas (once, however many callers ask) and wait for them."""
         if self._started is None:
-            self._started = asyncio.ensure_future(self._start())
+            self._started = detached_task(self._start())  # shared: no caller's context
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
@@ -230,8 +231,7 @@ class ActorBackend:
 
     async def is_ready(self) -> bool:
         if self._ready is None:
-            self._ready = asyncio.ensure_future(
-                asyncio.gather(*(a.ready.remote() for a in self.actors())))
+            self._ready = detached_task(_all_ready(self.actors()))
         if not self._ready.done():
             await asyncio.wait([self._ready], timeout=0.2)
         if self._ready.done() and self._ready.exception() is not None:
@@ -303,3 +303,8 @@ def make_backend(config: ModelConfig, default_timeout_s: float | None, ingress_r
         return IngressBackend(config, default_timeout_s, ingress_replicas, caller_metrics,
                               metrics)
     return ActorBackend(config, default_timeout_s, get_actor, caller_metrics)
+
+
+async def _all_ready(actors: list[Any]) -> list[Any]:
+    """Every batching actor's `ready` (the calls are made here, in the caller's task)."""
+    return await asyncio.gather(*(a.ready.remote() for a in actors))

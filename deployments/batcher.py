@@ -34,6 +34,7 @@ from typing import Any
 import ray
 
 from batching.errors import Draining, InvalidRequest, RaybatchError
+from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
 from deployments.drain import Attachments
@@ -78,14 +79,14 @@ class BatcherActor:
             asyncio.get_running_loop()
         except RuntimeError:
             return
-        self._started = asyncio.ensure_future(self._start())
+        self._started = detached_task(self._start())
         # An error is raised to every caller of _ensure_started; mark it seen here so an
         # actor nobody calls does not log "exception was never retrieved" besides.
         self._started.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _ensure_started(self) -> None:
         if self._started is None:
-            self._started = asyncio.ensure_future(self._start())
+            self._started = detached_task(self._start())
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from batching.errors import Draining, WorkerDied
+from batching.loop import detached_task
 from cluster.config import ModelConfig
 from deployments.route import ModelRoute
 
@@ -97,7 +98,7 @@ class RaybatchClient:
     async def _route(self, model: str) -> ModelRoute:
         fut = self._routes.get(model)
         if fut is None:  # one lookup per model, however many callers wait for it
-            fut = self._routes[model] = asyncio.ensure_future(self._fetch(model))
+            fut = self._routes[model] = detached_task(self._fetch(model))
         try:
             return await asyncio.shield(fut)
         except Exception:

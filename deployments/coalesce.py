@@ -26,7 +26,6 @@ the whole bundle's call, and every batch-mate in it with `WorkerDied`.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
 import uuid
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batching.errors import WorkerDied
+from batching.loop import detached
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +166,6 @@ class Coalescer:
         task = asyncio.get_running_loop().create_task(_report_cancel(call, len(keys)))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
-
-
-def detached() -> contextvars.Context:
-    """A context with no request in it, for a Ray call made on behalf of many requests:
-    it is nobody's child, so cancelling one of them does not cancel it (see the note)."""
-    return contextvars.Context()
 
 
 async def _report_cancel(call: Any, n: int) -> None:

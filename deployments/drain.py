@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batching.errors import Draining
+from batching.loop import detached_task
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
@@ -60,7 +61,7 @@ class IngressDrain:
         """Tell every batching actor this replica uses it; repeated every HEARTBEAT_S."""
         await self._attach_all()
         if self._heartbeat is None:
-            self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
+            self._heartbeat = detached_task(self._beat())
 
     async def _attach_all(self) -> None:
         calls = [a.attach.remote(self.replica_id, self._replica) for a in self._actors()]

@@ -29,7 +29,7 @@ from typing import Any
 from batching.errors import InvalidRequest, RaybatchError, WorkerDied, portable
 from batching.iterative.host import Finished, IterativeHost
 from batching.iterative.scheduler import GenerateRequest
-from deployments.coalesce import detached
+from batching.loop import detached, detached_task
 
 log = logging.getLogger(__name__)
 GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s")
@@ -118,7 +118,7 @@ class StreamHub:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+            self._reaper = detached_task(self._reap())
         return refused
 
     async def _pump(self, c: _Caller, key: Any, stream: Any) -> None:
@@ -210,7 +210,7 @@ class GenerateMux:
                 self._cancel(key)
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = detached_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -218,7 +218,7 @@ class GenerateMux:
         entries, self._to_start = self._to_start, []
         self._spawn(self._start(entries))
         if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll())
+            self._poller = detached_task(self._poll())
 
     async def _start(self, entries: list[tuple]) -> None:
         try:

@@ -26,7 +26,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from batching.errors import BatchTimedOut
-from batching.loop import ReplicaDied, ReplicaHung
+from batching.loop import ReplicaDied, ReplicaHung, detached_task
 from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
@@ -177,7 +177,7 @@ class ReplicaPool:
         """Start `min_replicas` (at least one) and wait until they serve; then keep scaling."""
         want = max(1, self.config.replicas.min_replicas)
         await asyncio.gather(*(self._add() for _ in range(want)))
-        self._task = asyncio.get_running_loop().create_task(self._autoscale())
+        self._task = detached_task(self._autoscale())
 
     async def _add(self) -> None:
         await self._serve(*self._create())
@@ -235,7 +235,7 @@ class ReplicaPool:
                  info.get("setup_s", 0.0), info.get("warmup_s", 0.0), info.get("batch_sizes"))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = detached_task(coro)
         self._tasks.add(task)  # referenced, so it is not collected mid-flight
         task.add_done_callback(self._tasks.discard)
 

@@ -10,6 +10,7 @@ No sleeps: the tests turn the event loop (`spin`) until the host has stepped.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import numpy as np
 import pytest
@@ -228,3 +229,33 @@ def test_stream_collects_to_what_generate_answers():
 
     streamed, whole = run(main())
     assert streamed == whole
+
+
+# -- whose work the start is ---------------------------------------------------------------
+def test_the_engine_started_by_a_first_request_runs_in_no_requests_context():
+    """The first request starts the engine (the replica pool and its replicas). That start
+    is shared by every request after it, so it must not run in the first one's context:
+    in a Ray actor the context names the request, its Ray calls would be the request's
+    children, and Serve cancelling that request (its client hung up) would cancel them."""
+    request = contextvars.ContextVar("request", default=None)
+    seen = []
+
+    class Probe(InProcessPool):
+        async def start(self) -> None:
+            seen.append(request.get())
+            await super().start()
+
+    async def main():
+        config = ModelConfig.model_validate(ACCUMULATOR)
+        b = IngressBackend(config, None, 1, make_pool=Probe)
+
+        async def first():  # a stats call that finds the engine not started yet
+            request.set("first")
+            await b.engine.stats()
+            return await b.route.infer(x(5), {"sequence_id": 7, "sequence_start": True})
+
+        out = await asyncio.ensure_future(first())
+        return int(out["OUTPUT0"][0, 0])
+
+    assert run(main()) == 5
+    assert seen == [None]
