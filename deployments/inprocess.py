@@ -82,7 +82,7 @@ class InProcessClient:
             done = self._thread.submit(getattr(replica, method), *args)
         except RuntimeError as e:  # stopped between the check and here
             raise ReplicaDied(f"{self.name}: stopped") from e
-        done.add_done_callback(lambda d: loop.call_soon_threadsafe(self._deliver, fut, d))
+        done.add_done_callback(lambda d: _hand_back(loop, self._deliver, fut, d))
         # A timer, not asyncio.wait_for: no extra task per batch (as RayReplicaClient).
         timer = None if self.timeout_s is None else loop.call_later(
             self.timeout_s, self._hung, fut)
@@ -118,3 +118,15 @@ class InProcessClient:
         for other in self._pending:  # queued behind the hung batch: run elsewhere
             if not other.done():
                 other.set_exception(ReplicaDied(f"{self.name}: dropped as hung"))
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, deliver: Any, fut: asyncio.Future,
+               done: concurrent.futures.Future) -> None:
+    """On the replica's thread: hand a finished call back to its loop. A loop closed
+    meanwhile (its process or test is gone; a hung batch ends after it) has nobody
+    waiting: nothing to hand back, and nothing to log (a traceback printed from this
+    thread would race the main thread's `ast.parse` on Python 3.11, gh-106905)."""
+    try:
+        loop.call_soon_threadsafe(deliver, fut, done)
+    except RuntimeError:  # "Event loop is closed"
+        pass
