@@ -57,6 +57,11 @@ def raw_app() -> Any:
         async def infer(self, model: Any, request: Any, received_s: Any = None) -> dict:
             return {"OUTPUT0": request.inputs["INPUT0"]}
 
+        def submit_infer(self, model: Any, request: Any, received_s: Any = None) -> Any:
+            future = asyncio.get_running_loop().create_future()  # the quick lane's way in
+            future.set_result(request.inputs["INPUT0"])
+            return future, lambda value: {"OUTPUT0": value}
+
     return OipApp(Backend(), HttpLimits())
 
 
@@ -111,17 +116,19 @@ def serve(app_kind: str, port: int, loop: str, server: str = "uvicorn") -> None:
 
     app = {"raw": raw_app, "fastapi": fastapi_app}[app_kind]() if app_kind != "noop" \
         else noop_app
-    if server == "raybatch":
-        return _serve_raybatch(app.direct if hasattr(app, "direct") else app, port, loop)
+    if server.startswith("raybatch"):
+        quick = getattr(app, "quick", None) if server == "raybatch" else None
+        return _serve_raybatch(app.direct if hasattr(app, "direct") else app, port, loop,
+                               quick)
     uvicorn.run(app, host="127.0.0.1", port=port, http="httptools", loop=loop,
                 log_level="warning", access_log=False, lifespan="off")
 
 
-def _serve_raybatch(app: Any, port: int, loop: str) -> None:
+def _serve_raybatch(app: Any, port: int, loop: str, quick: Any) -> None:
     from deployments.http.server import HttpServer
 
     async def main() -> None:
-        await HttpServer(app, port=port).start()
+        await HttpServer(app, port=port, quick=quick).start()
         await asyncio.Event().wait()
 
     if loop == "uvloop":
@@ -217,15 +224,19 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--duration", type=int, default=10)
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
-    p.add_argument("--server", choices=["uvicorn", "raybatch", "both"], default="uvicorn",
-                   help="the HTTP server: uvicorn (as under Serve) or deployments.http.server")
+    p.add_argument("--server", choices=["uvicorn", "raybatch", "raybatch-asgi", "both", "all"],
+                   default="uvicorn",
+                   help="the HTTP server: uvicorn (as under Serve), deployments.http.server "
+                        "(raybatch: with the app's quick lane; raybatch-asgi: every request "
+                        "through the ASGI app), both (uvicorn, raybatch) or all three")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--serve", choices=["raw", "fastapi", "noop"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
         return serve(args.serve, args.port, args.loop, args.server)
-    servers = ["uvicorn", "raybatch"] if args.server == "both" else [args.server]
+    servers = {"both": ["uvicorn", "raybatch"], "all": ["uvicorn", "raybatch-asgi", "raybatch"]
+               }.get(args.server, [args.server])
     for _ in range(args.repeats):
         for body in (["json", "binary"] if args.body == "both" else [args.body]):
             for server in servers:  # alternated: the machine's load drifts between runs

@@ -139,6 +139,13 @@ class ServeBackend:
                                request.priority, request.timeout_s, _sequence(request),
                                received_s)
 
+    def submit_infer(self, model: ModelEntry, request: InferRequest,
+                     received_s: float | None = None) -> tuple[asyncio.Future, Any]:
+        route = self.by_name[model.name].route
+        return route.submit(route.decoded_array(request.inputs, request.batch_size),
+                            request.priority, request.timeout_s, _sequence(request),
+                            received_s), route.outputs
+
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:
         return await self.by_name[model.name].route.generate(text, params)
@@ -180,7 +187,7 @@ class Ingress(GrpcIngress):
                                      port=ingress.native_port,
                                      max_header_bytes=ingress.max_header_bytes,
                                      route_prefix=ingress.route_prefix,
-                                     owner=self.config.app_name)
+                                     owner=self.config.app_name, quick=self.http.quick)
             await self.native.start()
         metrics = self.config.metrics
         if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total

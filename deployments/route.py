@@ -21,6 +21,7 @@ batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -111,6 +112,14 @@ class ModelRoute:
         `sequence`: (sequence_id, start, end), for stateful models. `received_s`: when
         the request reached the server (`time.monotonic()`); its timeout counts from
         then, so the time spent reading it is not granted again (default: now)."""
+        return self.outputs(await self.submit(array, priority, timeout_s, sequence, received_s))
+
+    def submit(self, array: np.ndarray | TensorBatch, priority: int | None,
+               timeout_s: float | None, sequence: tuple[Any, bool, bool] | None = None,
+               received_s: float | None = None) -> asyncio.Future:
+        """`run` up to the wait, for a caller that waits by callback (the HTTP server's
+        quick lane): the future of the engine's raw value (`outputs` shapes it);
+        cancelling it cancels the request. Raises what `run` raises before it waits."""
         default = self.default_timeout_s
         if default is not None:
             timeout_s = min(timeout_s, default) if timeout_s else default
@@ -119,14 +128,18 @@ class ModelRoute:
         if self.kind == "sequence":
             control = self._control(array, sequence)
             shard = self.shards[shard_of(control[0], len(self.shards))]
-            value = await shard.submit(array, priority, timeout_s, control)
-            return self.signature.result(_one_item(value))
+            return shard.submit(array, priority, timeout_s, control)
         if self.kind == "iterative":
             raise self._invalid(f"model {self.config.name!r} is generative: use generate or "
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
         shards = self.shards
         shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
-        value = await shard.submit(array, priority, timeout_s)
+        return shard.submit(array, priority, timeout_s)
+
+    def outputs(self, value: Any) -> dict[str, np.ndarray]:
+        """The model's declared outputs from what the engine answered a request."""
+        if self.kind == "sequence":
+            value = _one_item(value)
         return self.signature.result(value)
 
     def _time_left(self, timeout_s: float, received_s: float) -> float:

@@ -8,6 +8,10 @@ error writer (`deployments.http.errors.error_parts`), so every 4xx/5xx has the
 shape `{"error": ...}`, and a response whose request body was not read to the end
 closes the connection (that rest must not be read as the next request).
 
+On Raybatch's own server (`deployments.http.server`) infer requests take the quick
+lane (`OipApp.quick`): the same parse, engine and encoding, answered from the
+engine's callback without a coroutine; the answer is the same to the byte.
+
 Mounted two ways, the same object: as the Serve ingress's ASGI app
 (`@serve.ingress`), or in front of Serve's per-request wrapper as a direct-ingress
 middleware (`deployments.http.fastpath`). The second skips Serve's queueing and
@@ -31,11 +35,17 @@ from deployments.http.errors import (
     error_parts,
     log_error,
 )
+from deployments.http.handlers import infer as infer_handler
 from deployments.http.handlers import oip_routes
 from deployments.http.limits import HttpLimits
 from deployments.http.replies import CLOSE, Reply, json_reply, send_reply, send_stream
 from deployments.http.routes import Router
-from deployments.protocol import LowerHeaders, server_metadata_json
+from deployments.protocol import (
+    LowerHeaders,
+    encode_infer_raw,
+    parse_infer_request,
+    server_metadata_json,
+)
 
 # The request headers the protocol reads; the others are only counted.
 _READ = {b"content-length", b"content-encoding", b"transfer-encoding",
@@ -116,6 +126,7 @@ class OipApp:
         self.counts: dict[tuple[str, int], int] = {}  # (route template, status) -> responses
         self.streams: dict[str, int] = {}  # client address -> open event streams
         self._idle: asyncio.Event | None = None
+        self._submit = getattr(backend, "submit_infer", None)  # the quick lane needs it
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         """The app as an ASGI app, under whatever server or wrapper mounts it."""
@@ -169,6 +180,67 @@ class OipApp:
             headers.append(CLOSE)
         await send_reply(send, Reply(status, body, headers), False, False)
         return status
+
+    # -- the quick lane: infer requests without a coroutine --------------------------------
+    def quick(self, cycle: Any) -> bool:
+        """Take an infer request whose body is whole (`deployments.http.server` calls this
+        for a POST that fits its read buffer): parse it, submit it to the engine and
+        answer from the engine's callback, with no task, coroutine or ASGI message on the
+        way; the answer is the one `infer` gives through ASGI, byte for byte. False (and
+        nothing done) for anything else: the ASGI app answers it."""
+        submit = self._submit
+        if submit is None or self.draining or self.inflight >= self.max_inflight:
+            return False
+        scope = cycle.scope
+        method, path = scope["method"], _route_path(scope)
+        try:
+            route, params = self.router.match(method, path)
+        except Exception:
+            return False  # 404 / 405: the ASGI app says so
+        if route.handler is not infer_handler or cycle.buffered > self.body_reader.max_bytes:
+            return False  # not infer, or a 413 the body reader words (and closes)
+        self.inflight += 1
+        try:
+            headers = self._headers(scope["headers"])
+            model = self.backend.model(params["model"], params.get("version"))
+            request = parse_infer_request(cycle.whole_body(), headers, model.spec,
+                                          self.request_limits, remember=True)
+            future, outputs = submit(model, request, time.monotonic())
+        except Exception as exc:
+            self._quick_error(cycle, route.template, exc)
+            return True
+        cycle.on_gone = future.cancel  # the client hung up: the engine drops the request
+        future.add_done_callback(
+            lambda f: self._quick_done(cycle, route.template, model, request, outputs, f))
+        return True
+
+    def _quick_done(self, cycle: Any, template: str, model: ModelEntry, request: Any,
+                    outputs: Any, future: asyncio.Future) -> None:
+        if future.cancelled():  # its client went away
+            self._ended(template, 499)
+            return
+        try:
+            parts, headers = encode_infer_raw(
+                model.name, model.version, request.id, outputs(future.result()),
+                request.outputs_requested, request.binary_data_output)
+        except Exception as exc:
+            self._quick_error(cycle, template, exc)
+            return
+        cycle.respond(200, headers, parts)
+        self._ended(template, 200)
+
+    def _quick_error(self, cycle: Any, template: str, exc: Exception) -> None:
+        status, body, headers = error_parts(exc)
+        scope = cycle.scope
+        log_error(exc, status, scope["method"], scope["path"])
+        cycle.respond(status, headers, [body])
+        self._ended(template, status)
+
+    def _ended(self, template: str, status: int) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+        self._count(template, status)
 
     def _headers(self, raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
         """The headers the protocol reads; 431 past the header limits."""

@@ -8,7 +8,8 @@ front never imports Ray, so it can be driven, and measured, without it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +49,15 @@ class Backend(Protocol):
         """The outputs of one parsed infer request, or the error that ended it.
         `received_s`: when the request arrived (`time.monotonic()`); its timeout counts
         from then."""
+        ...
+
+    # Optional: `OipApp.quick` answers infer requests without a coroutine through it.
+    def submit_infer(self, model: ModelEntry, request: InferRequest,
+                     received_s: float | None = None
+                     ) -> tuple[asyncio.Future, Callable[[Any], dict[str, np.ndarray]]]:
+        """`infer` up to the wait: the future of the engine's value (cancelling it
+        cancels the request) and what turns that value into the outputs. Raises what
+        `infer` raises before it waits."""
         ...
 
     async def generate(self, model: ModelEntry, text: Any,

@@ -47,8 +47,8 @@ class Cycle:
     """One request/response: ASGI `receive` and `send` over its connection."""
 
     __slots__ = ("answered", "body", "body_done", "buffered", "complete", "conn",
-                 "disconnected", "expect_100", "framing", "head", "keep_alive", "parts",
-                 "scope", "started", "waiter")
+                 "disconnected", "expect_100", "framing", "head", "keep_alive", "on_gone",
+                 "parts", "quick", "scope", "started", "waiter")
 
     def __init__(self, conn: Any, scope: dict, keep_alive: bool) -> None:
         self.conn, self.scope, self.keep_alive = conn, scope, keep_alive
@@ -64,10 +64,62 @@ class Cycle:
         self.head: bytes | None = None  # status line + headers; b"" once written
         self.framing = _LENGTH
         self.parts: list[Any] = []
+        self.quick = False  # the server's quick lane may take it once its body is whole
+        self.on_gone: Any = None  # what the quick lane calls if the client goes away
 
     def start(self) -> None:
+        """Answer this request (it is the connection's first unanswered one): through the
+        app's quick lane if it takes it, else by running the ASGI app in a task."""
+        if self.quick:
+            if not self.complete:
+                return  # the body is on its way: the server starts it again when whole
+            self.quick = False
+            self.started = True
+            try:
+                if self.conn.server.quick(self):
+                    return
+            except Exception as e:
+                self._failed(e)
+                return
+            if self.answered:
+                return
         self.started = True
         self.conn.loop.create_task(self._run())
+
+    def whole_body(self) -> bytes:
+        """The quick lane's read: the whole body at once (it is all buffered)."""
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body.clear()
+        self.buffered = 0
+        self.body_done = True
+        return body
+
+    def respond(self, status: int, headers: list[tuple[bytes, bytes]],
+                parts: list[Any]) -> None:
+        """The quick lane's answer: the whole response in one write, then the next."""
+        if self.answered:
+            return
+        self.answered = True
+        self.on_gone = None
+        conn = self.conn
+        if not conn.closed:
+            lines = [_status_line(status), *(b"%s: %s\r\n" % h for h in headers),
+                     b"content-length: %d\r\n" % sum(map(len, parts))]
+            if not self.keep_alive:
+                lines.append(_KEEP_CLOSE)
+            lines.append(b"\r\n")
+            conn.transport.writelines([b"".join(lines), *parts])
+        conn.done(self)
+
+    def _failed(self, e: BaseException) -> None:
+        """The app raised out of its own error handling: a 500 if nothing was written
+        yet, and the connection closes either way."""
+        if self.head != b"" and not self.answered and not self.conn.closed:
+            status, body, headers = error_parts(e)
+            log_error(e, status, self.scope["method"], self.scope["path"])
+            self.conn.transport.write(error_response(status, body, headers))
+        self.answered = True
+        self.conn.close()
 
     def wake(self) -> None:
         w = self.waiter
@@ -78,11 +130,7 @@ class Cycle:
         try:
             await self.conn.server.app(self.scope, self.receive, self.send)
         except BaseException as e:  # the connection must still end right
-            if self.head != b"" and not self.conn.closed:  # nothing written yet
-                status, body, headers = error_parts(e)
-                log_error(e, status, self.scope["method"], self.scope["path"])
-                self.conn.transport.write(error_response(status, body, headers))
-            self.conn.close()
+            self._failed(e)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             return

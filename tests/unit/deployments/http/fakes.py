@@ -45,6 +45,8 @@ class FakeBackend:
         self.step.set()
         self.fail_with: BaseException | None = None  # infer raises it
         self.fail_after: int | None = None  # a stream raises after this many events
+        self.cancelled = 0  # quick-lane requests whose future was cancelled (hung up)
+        self._tasks: set[asyncio.Task] = set()
 
     def models(self) -> list[ModelEntry]:
         return list(self.entries.values())
@@ -68,6 +70,34 @@ class FakeBackend:
             raise self.fail_with
         x = request.inputs["INPUT0"]
         return {"OUTPUT0": x * x if model is SQUARE else x}
+
+    def submit_infer(self, model: ModelEntry, request: InferRequest,
+                     received_s: float | None = None) -> tuple[asyncio.Future, Any]:
+        """`infer` as the quick lane calls it: a future (cancelling it is counted in
+        `cancelled`, as an engine would drop the request) and the identity shaper."""
+        future = asyncio.get_running_loop().create_future()
+
+        async def run() -> None:
+            try:
+                value = await self.infer(model, request, received_s)
+            except Exception as e:
+                if not future.done():
+                    future.set_exception(e)
+            else:
+                if not future.done():
+                    future.set_result(value)
+
+        task = asyncio.ensure_future(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+        def ended(f: asyncio.Future) -> None:
+            if f.cancelled():
+                self.cancelled += 1
+                task.cancel()
+
+        future.add_done_callback(ended)
+        return future, lambda value: value
 
     async def generate(self, model: ModelEntry, text: Any, params: dict) -> dict[str, Any]:
         words = [e["text_output"] async for e in self.generate_stream(model, text, params)]
