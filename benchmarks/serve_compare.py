@@ -65,7 +65,7 @@ PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/ba
 RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
                      "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
                      "ingress+inproc", "actor+idle+inproc", "ingress+idle+inproc+native",
-                     "actor+idle+native")
+                     "actor+idle+native", "ingress+idle+inproc+native+pipe1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,8 +243,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.engine.stats.record_compute(batch.num_items, compute_s)
         self.recorder.batch_done(BatchDone(batch.num_items, self._clock() - batch.created_s,
                                            compute_s))
+        # The next batch first, then the answers: its task is then scheduled ahead of
+        # the callbacks of this batch's futures (each writes a response), so the
+        # replica starts it before those run, not after all of them.
+        self._pump()
         self._settle(self.ledger.deliver(batch, results))
-        self._schedule_pump()
 
     def _finish(self, batch: Batch, compute_s: float | None) -> None:
         """`compute_s` None: the batch failed, and must not train the latency model."""

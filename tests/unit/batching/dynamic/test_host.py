@@ -374,3 +374,28 @@ def test_a_retried_batch_keeps_its_inputs_when_a_member_was_cancelled_meanwhile(
         assert futs[2].result() == "b:4"
         assert isinstance(futs[1].exception(), Cancelled)
     run(main())
+
+
+def test_the_next_batch_reaches_the_replica_before_the_finished_batchs_answers_are_handled():
+    """With one batch in flight per replica, a finished batch frees the replica: the next
+    one is sent before the finished batch's answers are handled (each one's callback
+    encodes and writes a response, a few ms for 64 of them), not after all of them."""
+    async def main():
+        a = FakeReplica("a")
+        host, _ = make_host(a, max_batch_size=2, max_inflight=1)
+        first = [submit(host, i, i) for i in range(2)]
+        await spin()
+        queued = [submit(host, i, i) for i in range(2, 4)]
+        await spin()
+        assert a.pending() == [[0, 1]]  # the second batch waits for the replica
+        seen = []
+        for f in first:
+            f.add_done_callback(lambda f: seen.append(len(a.calls)))
+        a.finish()
+        await spin()
+        assert [f.result() for f in first] == ["a:0", "a:1"]
+        assert seen == [2, 2]  # the replica had the next batch when the answers were handled
+        a.finish()
+        await spin()
+        assert [f.result() for f in queued] == ["a:4", "a:9"]
+    run(main())
