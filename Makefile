@@ -9,9 +9,10 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 .PHONY: setup sysdeps serve test lint bench clean k8s notebooks notebooks-clean
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
-# Grafana dashboard's queries in tests/integration/test_prometheus.py. Installed when
+# Grafana dashboard's queries in tests/integration/test_prometheus.py; wrk drives the HTTP
+# benchmarks (tests/unit/benchmarks/test_wrk.py runs it for real). Installed when
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
-SYSDEPS := prometheus
+SYSDEPS := prometheus wrk
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -35,6 +35,7 @@ from batching.errors import InvalidRequest, RaybatchError
 from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
+from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.generation import event_json, generate_request
 from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
@@ -175,20 +176,22 @@ class LocalEngine:
         if self._publisher is not None:
             self._publisher.cancel()
 
-    async def infer(self, bundle: list[tuple]) -> list[Outcome]:
-        """A bundle of `(key, items, priority, timeout_s[, control])`: every outcome, as a
-        batching actor answers it (what `RaybatchClient` sends through the handle)."""
+    async def infer(self, bundle: list[tuple] | Stacked) -> list[Outcome] | StackedOutcomes:
+        """A bundle of `(key, items, priority, timeout_s[, control])` (or `Stacked`): every
+        outcome, as a batching actor answers it (what `RaybatchClient` sends through the
+        handle)."""
         await self.start()
         keys: dict[asyncio.Future, Any] = {}
         out: list[Outcome] = []
-        for key, items, priority, timeout_s, *rest in bundle:
+        for key, items, priority, timeout_s, *rest in entries(bundle):
             try:
                 keys[self.submit(items, priority, timeout_s, rest[0] if rest else None)] = key
             except RaybatchError as e:
                 out.append((key, None, e))
         if keys:
             await asyncio.wait(keys)
-        return out + [bundle_outcome(key, fut) for fut, key in keys.items()]
+        return pack_outcomes(bundle, out + [bundle_outcome(key, fut)
+                                            for fut, key in keys.items()])
 
     async def stats(self) -> dict[str, Any]:
         await self.start()

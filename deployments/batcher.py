@@ -37,6 +37,7 @@ from batching.errors import Draining, InvalidRequest, RaybatchError
 from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
+from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
 from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
@@ -110,12 +111,14 @@ class BatcherActor:
         await self._ensure_started()
         return True
 
-    async def infer(self, bundle: list[BundleItem], caller: str | None = None) -> list[Outcome]:
+    async def infer(self, bundle: list[BundleItem] | Stacked, caller: str | None = None
+                    ) -> list[Outcome] | StackedOutcomes:
         """Run a bundle of requests; the outcome of each, once all have ended.
 
         Callers send bundles of about one batch, so waiting for all costs little,
         and one plain call is cheaper than a stream (1.2-1.4 ms against 2.4 ms here).
         `caller` names the sender's keys for `cancel`; None: they cannot be cancelled.
+        A `Stacked` bundle is answered stacked where it can be (`deployments.bundles`).
         """
         await self._ensure_started()
         host = self.host
@@ -124,8 +127,8 @@ class BatcherActor:
         out: list[Outcome] = []
         by_key = self._by_key
         if self.draining is not None:
-            return [(entry[0], None, Draining(self.draining)) for entry in bundle]
-        for entry in bundle:
+            return [(entry[0], None, Draining(self.draining)) for entry in entries(bundle)]
+        for entry in entries(bundle):
             rid = next(self._ids)
             try:
                 opened[submit_bundle_item(host, self.kind, rid, entry)] = entry[0], rid
@@ -149,7 +152,7 @@ class BatcherActor:
                     for key, _ in opened.values():
                         by_key.pop((caller, key), None)
         out += [bundle_outcome(key, f) for f, (key, _) in opened.items()]
-        return out
+        return pack_outcomes(bundle, out)
 
     async def cancel(self, caller: str, keys: list[Any]) -> int:
         """Cancel `caller`'s requests `keys` (it gave up on them): what is still queued

@@ -1,9 +1,10 @@
 """Coalescing: many concurrent requests, one Ray call; many cancels, one more.
 
 Whatever requests arrive during one event-loop tick go to the batching actor
-in bundles of at most `bundle_items` items (one batch's worth), one plain Ray
-call each (no timer, no added wait: the flush is scheduled with `call_soon`
-when the first request of a tick arrives). A bundle's answer resolves each
+in bundles of at most `bundle_items` items (one batch's worth; as one stacked array
+where it can, `deployments.bundles`), one plain Ray call each (no timer, no added
+wait: the flush is scheduled with `call_soon` when the first request of a tick
+arrives). A bundle's answer resolves each
 request's future by its key; a bundle whose call fails (the batching actor
 died) fails its requests with `WorkerDied`: nothing accepted is silently dropped.
 Bundles of one batch keep the pipeline full: the first batch's answers do not
@@ -34,6 +35,7 @@ from typing import Any
 
 from batching.errors import WorkerDied
 from batching.loop import detached
+from deployments.bundles import outcomes, pack
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ class Coalescer:
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            call = self._actor.infer.remote(bundle, self.caller)  # now: see the note on top
+            call = self._actor.infer.remote(pack(bundle), self.caller)  # now: see the note
         except Exception as e:
             self._lost(bundle, e)
             return
@@ -113,7 +115,7 @@ class Coalescer:
 
     async def _answer(self, bundle: list[tuple], call: Any) -> None:
         try:
-            for key, value, error in await call:
+            for key, value, error in outcomes(await call):
                 fut = self._futures.pop(key, None)
                 if fut is None or fut.done():
                     continue

@@ -257,8 +257,9 @@ class Ingress(GrpcIngress):
 
     async def infer_entries(self, model: str, bundle: list[tuple]) -> list[tuple]:
         """A `RaybatchClient` bundle for a model whose engine runs in the ingress
-        (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`,
-        answered `(key, value, error)` as a batching actor answers them."""
+        (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`
+        (or `deployments.bundles.Stacked`), answered `(key, value, error)` (or
+        `StackedOutcomes`) as a batching actor answers them."""
         return await self.backend.get(model).backend.infer_entries(bundle)
 
     async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:

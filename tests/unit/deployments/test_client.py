@@ -10,6 +10,7 @@ import logging
 import numpy as np
 
 from cluster.config import ModelConfig
+from deployments.bundles import Stacked, entries, pack_outcomes
 from deployments.client import RaybatchClient
 
 CONFIG = ModelConfig.model_validate({
@@ -40,8 +41,10 @@ class FakeIngressHandle:
         return CONFIG.model_dump_json(), None, None
 
     async def _infer_entries(self, model, bundle):
+        """As `Ingress.infer_entries` reads and answers a bundle, either form."""
         self.bundles.append((model, bundle))
-        return [(key, np.asarray(items) ** 2, None) for key, items, *_ in bundle]
+        return pack_outcomes(bundle, [(key, np.asarray(items) ** 2, None)
+                                      for key, items, *_ in entries(bundle)])
 
 
 def test_requests_of_one_tick_reach_the_ingress_as_one_bundle_with_their_own_answers():
@@ -55,6 +58,7 @@ def test_requests_of_one_tick_reach_the_ingress_as_one_bundle_with_their_own_ans
     outs = asyncio.run(main())
     assert [o["OUTPUT0"].tolist() for o in outs] == [[float(i * i)] for i in range(5)]
     assert [(m, len(b)) for m, b in handle.bundles] == [("sq", 5)]
+    assert type(handle.bundles[0][1]) is Stacked  # one array of 5 rows, not 5 arrays
 
 
 def test_a_cancelled_request_is_dropped_here_quietly_and_the_next_one_still_runs(caplog):

@@ -1,0 +1,66 @@
+"""`deployments.bundles`: a bundle of same-shaped arrays goes as one stacked array and
+comes back the same way; anything else goes as the list it was. Each side reads both."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from batching.errors import QueueFull
+from deployments.bundles import Stacked, StackedOutcomes, entries, outcomes, pack, pack_outcomes
+
+
+def rows(n: int, value: float, width: int = 4) -> np.ndarray:
+    return np.full((n, width), value, np.float32)
+
+
+def test_same_shaped_arrays_are_stacked_and_unpacked_as_views_in_order():
+    bundle = [(0, rows(1, 1.0), None, None), (1, rows(3, 2.0), 2, 0.5),
+              (2, rows(2, 3.0), None, 1.0)]
+    packed = pack(bundle)
+    assert type(packed) is Stacked and packed.items.shape == (6, 4)
+    back = pickle.loads(pickle.dumps(packed, protocol=5))
+    got = list(entries(back))
+    assert [(k, p, t) for k, _, p, t in got] == [(0, None, None), (1, 2, 0.5), (2, None, 1.0)]
+    for (_, want, *_), (_, have, *_) in zip(bundle, got):
+        np.testing.assert_array_equal(have, want)
+        assert have.base is not None  # a view of the one array
+
+
+def test_anything_else_goes_as_the_list_it_was():
+    controls = [(0, rows(1, 1.0), None, None, ("s", True, False)),
+                (1, rows(1, 2.0), None, None, ("s", False, True))]
+    mixed_dtype = [(0, rows(1, 1.0), None, None), (1, rows(1, 1.0).astype(np.float64), None, None)]
+    mixed_rows = [(0, rows(1, 1.0, 4), None, None), (1, rows(1, 1.0, 5), None, None)]
+    lists = [(0, [1.0], None, None), (1, [2.0], None, None)]
+    one = [(0, rows(2, 1.0), None, None)]
+    for bundle in (controls, mixed_dtype, mixed_rows, lists, one):
+        assert pack(bundle) is bundle
+        assert list(entries(bundle)) == bundle
+
+
+def test_a_stacked_bundle_is_answered_stacked_with_errors_beside_the_values():
+    bundle = pack([(k, rows(k + 1, float(k)), None, None) for k in range(3)])
+    refused = QueueFull("full")
+    answer = pack_outcomes(bundle, [(1, None, refused), (0, rows(1, 0.5), None),
+                                    (2, rows(3, 2.5), None)])
+    assert type(answer) is StackedOutcomes and answer.values.shape == (4, 4)
+    got = {k: (v, e) for k, v, e in outcomes(pickle.loads(pickle.dumps(answer)))}
+    assert got[1][0] is None and isinstance(got[1][1], QueueFull)
+    np.testing.assert_array_equal(got[0][0], rows(1, 0.5))
+    np.testing.assert_array_equal(got[2][0], rows(3, 2.5))
+
+
+def test_answers_that_cannot_be_stacked_go_as_a_list():
+    stacked = pack([(k, rows(1, 1.0), None, None) for k in range(2)])
+    listed = [(0, rows(1, 1.0), None), (1, None, None)]
+    assert list(entries(listed)) == listed
+    for out in ([(0, rows(1, 1.0), None), (1, {"a": rows(1, 1.0)}, None)],  # a dict value
+                [(0, rows(1, 1.0), None), (1, rows(1, 1.0, 5), None)],  # rows differ
+                [(0, None, QueueFull("x")), (1, None, QueueFull("y"))]):  # no value at all
+        assert pack_outcomes(stacked, out) is out
+        assert list(outcomes(out)) == out
+    plain = [(0, rows(1, 1.0), None, None), (1, rows(1, 1.0), None, None)]
+    answer = [(0, rows(1, 1.0), None), (1, rows(1, 1.0), None)]
+    assert pack_outcomes(plain, answer) is answer  # a list bundle gets a list answer
