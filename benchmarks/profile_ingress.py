@@ -14,7 +14,10 @@ samples (`--format raw`) and a summary of them: each function's self and inclusi
 share, and the shares of the cost groups (uvicorn, Raybatch's HTTP front, the codec,
 route, engine, Ray) that the figures are argued from. `--path handle` drives the app's
 DeploymentHandle instead (`handle.infer.remote`, C callers in a closed loop, from this
-process); `--variant` picks the app as `serve_compare --variants` does.
+process); `--path client` drives it through `RaybatchClient` (C callers of
+`client.infer`), and profiles the process that runs the engine (the batching actor with
+`--variant actor+...`, else the ingress) and this process (the client) side by side;
+`--variant` picks the app as `serve_compare --variants` does.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ GROUPS = (
     ("raybatch route/signature/backend", ("deployments/route.py", "deployments/signature.py",
                                           "deployments/backends.py", "deployments/ingress.py")),
     ("raybatch engine", ("batching/",)),
+    ("raybatch client/coalescer/bundles", ("deployments/client.py", "deployments/coalesce.py",
+                                           "deployments/bundles.py")),
+    ("raybatch batching actor/hosts", ("deployments/batcher.py", "deployments/hosts.py")),
+    ("the load's own callers", ("benchmarks/",)),
     ("raybatch pool", ("deployments/pool.py",)),
     ("ray core", ("ray/",)),
     ("asyncio", ("asyncio/",)),
@@ -135,6 +142,32 @@ async def drive_handle(handle: Any, name: str, x: Any, c: int, duration_s: float
     return Load(done[0], done[0] / wall, done[1], cpu / max(done[0], 1) * 1e6)
 
 
+async def drive_client(client: Any, name: str, x: Any, c: int, duration_s: float) -> Load:
+    """C callers of `client.infer(name, ...)` (a `RaybatchClient`) in a closed loop."""
+    stop = time.monotonic() + duration_s
+    done = [0, 0]
+
+    async def caller() -> None:
+        while time.monotonic() < stop:
+            try:
+                await client.infer(name, {"INPUT0": x})
+                done[0] += 1
+            except Exception:  # counted, not raised: the window goes on
+                done[1] += 1
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    await asyncio.gather(*(caller() for _ in range(c)))
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    return Load(done[0], done[0] / wall, done[1], cpu / max(done[0], 1) * 1e6)
+
+
+def spy(pid: int, seconds: float, raw: Path) -> subprocess.Popen:
+    return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                             str(pid), "--duration", str(int(seconds)), "--rate", "200",
+                             "--format", "raw", "--nonblocking", "--gil", "-o", str(raw)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 async def profile_model(name: str, c: int, duration_s: float, binary: bool,
                         out: Path, variant: str = "ingress+idle",
                         path: str = "http") -> dict[str, Any]:
@@ -153,6 +186,13 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
 
         async def load(seconds: float) -> Any:
             return await drive_handle(handle, model.name, x, c, seconds)
+    elif path == "client":
+        from deployments.client import RaybatchClient
+
+        client, x = RaybatchClient(serve.get_app_handle(app)), model.payloads(1)[0]
+
+        async def load(seconds: float) -> Any:
+            return await drive_client(client, model.name, x, c, seconds)
     else:
         url = await http_url(app, prefix, model.name, s.port, True,
                              native_port(s, f"rb:{variant}"))
@@ -162,6 +202,8 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             return await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
                                            duration_s=seconds)
     [ingress] = pids_titled(f"ray::ServeReplica:{app}:Ingress")
+    if path == "client" and variant.startswith("actor"):
+        [ingress] = pids_titled("ray::BatcherActor")  # where the engine runs
     replicas = pids_titled("ray::ModelReplica")
     await load(1)
     u0, s0 = user_sys_s(ingress)
@@ -170,16 +212,17 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
     u1, s1 = user_sys_s(ingress)
     m1 = sum(sum(user_sys_s(p)) for p in replicas)
     n = r.requests
-    body = "handle" if path == "handle" else "binary" if binary else "json"
+    body = path if path in ("handle", "client") else "binary" if binary else "json"
     suffix = "" if variant == "ingress+idle" else "_" + variant.replace("+", "-")
     tag = f"{name}_{body}_c{c}{suffix}"
     raw = out / f"pyspy_ingress_{tag}.raw"
-    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
-                            str(ingress), "--duration", str(int(duration_s)), "--rate", "200",
-                            "--format", "raw", "--nonblocking", "--gil", "-o", str(raw)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spies = [spy(ingress, duration_s, raw)]
+    own_raw = out / f"pyspy_client_{tag}.raw"
+    if path == "client":  # the caller's own process is half of this path
+        spies.append(spy(os.getpid(), duration_s, own_raw))
     spied = await load(duration_s)
-    spy.wait(timeout=60)
+    for p in spies:
+        p.wait(timeout=60)
     await asyncio.to_thread(undeploy, s)
     result = {"model": name, "concurrency": c, "binary": binary, "variant": variant,
               "path": path,
@@ -196,6 +239,8 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             f"{result['model_replica_us_per_req']:.0f} us; wrk {r.client_cpu_us_per_req:.0f} "
             f"us; load {result['loadavg_1m']:.2f}")
     text = head + "\n" + (summarise(raw) if raw.exists() else "(py-spy wrote nothing)")
+    if own_raw.exists():
+        text += "\n\n== the client's process (RaybatchClient callers)\n" + summarise(own_raw)
     (out / f"pyspy_ingress_{tag}.txt").write_text(text + "\n")
     print(text, flush=True)
     return result
@@ -225,7 +270,7 @@ def main() -> None:
     ap.add_argument("--json-http", action="store_true")
     ap.add_argument("--out", default=".", help="where the samples and summaries go")
     ap.add_argument("--variant", default="ingress+idle", choices=RAYBATCH_VARIANTS)
-    ap.add_argument("--path", default="http", choices=("http", "handle"))
+    ap.add_argument("--path", default="http", choices=("http", "handle", "client"))
     args = ap.parse_args()
     configure_environment(replace(FULL, variants=(args.variant,), peers=()))
     t0 = time.perf_counter()
