@@ -65,7 +65,10 @@ PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/ba
 RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
                      "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
                      "ingress+inproc", "actor+idle+inproc", "ingress+idle+inproc+native",
-                     "actor+idle+native", "ingress+idle+inproc+native+pipe1")
+                     "actor+idle+native", "ingress+idle+inproc+native+pipe1",
+                     "ingress+idle+inproc+native+fill", "ingress+idle+inproc+fill",
+                     "actor+idle+inproc+fill", "ingress+idle+native",
+                     "ingress+idle+native+fill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +374,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--variants", nargs="+", choices=RAYBATCH_VARIANTS,
                     default=["actor", "ingress"],
                     help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch, "
-                         "+inproc = replicas.in_process")
+                         "+inproc = replicas.in_process, +fill = fill_while_busy")
     ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=list(PEERS),
                     help="Serve baselines to run beside Raybatch")
     ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",

@@ -15,7 +15,9 @@ level's `timeout_action=delay`. When to send, checked in this order:
   deadline   a queued request's deadline leaves just the predicted batch latency
              (with a cold latency model: it comes before the delay would run out);
   delay      the oldest request waited `max_queue_delay_s` (or, with
-             `adaptive_delay`, waiting for one more request would miss its target).
+             `adaptive_delay`, waiting for one more request would miss its target);
+             with `fill_while_busy` and every replica running a batch, not before the
+             first running batch is predicted to end (less `busy_lead_s`).
 Expired requests are failed (or delayed) before anything is formed, so nothing
 expired reaches a replica. With `deadline_admission` (`admission.py`), a request that
 cannot finish by its deadline at the measured service rate is refused at submit,
@@ -72,6 +74,9 @@ class DynamicBatcher:
         self._batch_ids = itertools.count()
         self._draining = False
         self._blocked = False  # the last next_batch call had no free replica
+        self._hold_until_s = -math.inf  # fill_while_busy: no DELAY send before this
+        self._idle_replicas: int | None = None  # as the last next_batch call was told
+        self._ends: dict[int, float] = {}  # fill_while_busy: batch id -> predicted end
         self._max_cost = policy.max_batch_cost or math.inf
         # Per-level settings read on every submit, looked up once here.
         self._default_level = policy.default_level
@@ -160,6 +165,7 @@ class DynamicBatcher:
         batch = self._inflight.pop(batch_id, None)
         if batch is None:
             raise KeyError(f"batch {batch_id} is not in flight (completed twice?)")
+        self._ends.pop(batch_id, None)
         self._inflight_cost -= batch.cost
         if not self._inflight:
             self._inflight_cost = 0.0  # no float drift left over
@@ -182,8 +188,13 @@ class DynamicBatcher:
         self._draining = True
 
     # -- decisions ----------------------------------------------------------------------
-    def next_batch(self, now: float, free_replicas: int) -> Batch | None:
-        """The batch to run now, or None: nothing is due or no replica is free."""
+    def next_batch(self, now: float, free_replicas: int,
+                   idle_replicas: int | None = None) -> Batch | None:
+        """The batch to run now, or None: nothing is due or no replica is free.
+        `idle_replicas`: replicas running no batch (free slots may be pipeline slots of
+        busy replicas); None: not known, taken as some (`fill_while_busy` holds nothing)."""
+        self._idle_replicas = idle_replicas
+        self._hold_until_s = self._busy_until_s(idle_replicas)
         self._expire(now)
         if self._admission is not None and (self._shed_due or free_replicas > 0):
             self._shed(now)
@@ -204,7 +215,7 @@ class DynamicBatcher:
         if not self._blocked:
             if self.policy.idle_dispatch and not self._inflight:  # due now
                 times.append(next(iter(self._queued.values())).arrival_s)
-            times.append(self._delay_send_s())
+            times.append(max(self._delay_send_s(), self._hold_until_s))
             times.append(self._deadline_send_s())
         t = min(times)
         if t == math.inf:
@@ -248,7 +259,7 @@ class DynamicBatcher:
             return FlushReason.PREFERRED, largest
         if self._deadline_send_s() <= now:
             return FlushReason.DEADLINE, p.max_batch_size
-        if self._delay_send_s() <= now:
+        if max(self._delay_send_s(), self._hold_until_s) <= now:
             fitting = [s for s in p.preferred_batch_sizes if s <= self._items]
             return FlushReason.DELAY, (fitting[-1] if fitting else p.max_batch_size)
         return None
@@ -293,6 +304,8 @@ class DynamicBatcher:
         )
         if self._admission is not None:
             self._admission.rate.sent(now, idle=not self._inflight)
+        if self.policy.fill_while_busy:
+            self._ends[batch.id] = self._predicted_end_s(batch_cost, now)
         self._inflight[batch.id] = batch
         self._inflight_cost += batch_cost
         self.stats.record(batch)
@@ -322,6 +335,25 @@ class DynamicBatcher:
         if self._adaptive():
             return self.latency.predict(cost + self._request_cost) + self._interarrival_s
         return self.latency.predict(cost)
+
+    def _busy_until_s(self, idle_replicas: int | None) -> float:
+        """With `fill_while_busy` and no replica idle: when the first batch in flight is
+        predicted to end, less the lead; else -inf (nothing to hold for)."""
+        p = self.policy
+        if (not p.fill_while_busy or idle_replicas is None or idle_replicas > 0
+                or not self._ends or not self.latency.warm):
+            return -math.inf
+        return min(self._ends.values()) - p.busy_lead_s
+
+    def _predicted_end_s(self, cost: float, now: float) -> float:
+        """When a batch formed now should end: it starts now on an idle replica, else
+        (a pipeline slot) when the first batch in flight ends. With several replicas that
+        may be another replica's batch, which ends sooner: the estimate errs toward
+        sending the next batch early, never toward leaving a replica idle."""
+        start = now
+        if self._idle_replicas == 0 and self._ends:
+            start = max(now, min(self._ends.values()))
+        return start + self.latency.predict(cost)
 
     def _delay_send_s(self) -> float:
         oldest = next(iter(self._queued.values()))

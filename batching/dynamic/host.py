@@ -178,11 +178,15 @@ class BatchHost(LoopHost[DynamicBatcher]):
     def _free_slots(self) -> int:
         return sum(max(self.max_inflight - s.inflight, 0) for s in self._slots)
 
+    def _idle_replicas(self) -> int:
+        return sum(s.inflight == 0 for s in self._slots)
+
     def _pump(self) -> None:
         self._pump_scheduled = False
         self._unpark()
         now = self._clock()
-        while (batch := self.engine.next_batch(now, self._free_slots())) is not None:
+        while (batch := self.engine.next_batch(now, self._free_slots(),
+                                               self._idle_replicas())) is not None:
             self._dispatch(batch, self._pick())
         for failure in self.engine.take_failures():
             self._settle(self.ledger.fail(failure.request_id, failure.error))

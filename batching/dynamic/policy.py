@@ -60,6 +60,18 @@ class DynamicPolicy(BaseModel):
     in flight (every replica idle): a lone request then pays no delay. Under load some
     batch is always in flight and the delay applies as usual. False keeps Triton's
     semantics (the oldest request always waits the delay for a fuller batch)."""
+    fill_while_busy: bool = False
+    """While every replica is running a batch, keep filling the next one past
+    `max_queue_delay_s`, until the first running batch is predicted to end (by the
+    latency model, less `busy_lead_s`): the batch could not start sooner, so its requests
+    lose nothing by the wait and more join them. It matters with pipeline slots
+    (`replicas.max_inflight_batches` > 1), which otherwise take a batch as soon as the
+    delay runs out, however long the replica stays busy. Full, preferred, deadline and
+    drain sends are unchanged; with a cold latency model or an idle replica the delay
+    applies as usual. False: the delay alone decides."""
+    busy_lead_s: float = Field(default=0.001, ge=0)
+    """With `fill_while_busy`: how long before a running batch's predicted end the held
+    batch is sent (about the time a batch takes to reach a replica)."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Sizes worth waiting for: a batch is sent once the largest that fits is reached."""
     max_batch_cost: float | None = Field(default=None, gt=0)

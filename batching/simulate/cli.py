@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-queue-delay-ms", type=float, default=0.0)
     add("--idle-dispatch", action="store_true",
         help="send at once when no batch is in flight (the delay applies only under load)")
+    add("--fill-while-busy", action="store_true",
+        help="while every replica runs a batch, keep filling the next one past the delay "
+             "until the first running batch is predicted to end")
     add("--preferred", type=_sizes, default=(), metavar="8,16", help="preferred batch sizes")
     add("--items-per-request", type=_positive(int), default=1)
     add("--timeout-ms", type=_positive(float), help="every request's queue timeout")
@@ -67,6 +70,7 @@ def _policy(args: argparse.Namespace) -> DynamicPolicy:
         max_batch_size=args.max_batch_size,
         max_queue_delay_s=args.max_queue_delay_ms / 1e3,
         idle_dispatch=args.idle_dispatch,
+        fill_while_busy=args.fill_while_busy,
         preferred_batch_sizes=args.preferred,
     )
 

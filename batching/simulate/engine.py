@@ -7,7 +7,7 @@ Modelling choices, each what a host does or the simplest honest stand-in:
 - one decision per instant: every event at the same virtual time (a burst, a
   completion and the closed-loop requests it triggers) is applied before the
   batcher is asked, as the ingress bundles whatever is waiting into one call;
-- the host loop is the production one: `next_batch(now, free_slots)` until it
+- the host loop is the production one: `next_batch(now, free_slots, idle)` until it
   says None, then wait for `deadline()`, an arrival or a completion;
 - a replica computes its batches one after another; `max_inflight` > 1 queues
   the next batch at the replica while one runs (pipelining), which hides
@@ -152,7 +152,7 @@ class _Sim:
     def _step(self, now: float) -> None:
         """The host's loop: send every batch due, end what expired, set the timer."""
         q = self.batcher
-        while (batch := q.next_batch(now, self._free_slots())) is not None:
+        while (batch := q.next_batch(now, self._free_slots(), self._idle_replicas())) is not None:
             self._dispatch(batch, now)
         for failure in q.take_failures():
             self._record(self.ledger.fail(failure.request_id, failure.error), now)
@@ -174,6 +174,9 @@ class _Sim:
 
     def _free_slots(self) -> int:
         return sum(self.cfg.max_inflight - r.outstanding for r in self.replicas)
+
+    def _idle_replicas(self) -> int:
+        return sum(r.outstanding == 0 for r in self.replicas)
 
     def _dispatch(self, batch: Batch, now: float) -> None:
         cfg = self.cfg
