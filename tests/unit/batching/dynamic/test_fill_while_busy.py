@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from batching import DynamicBatcher, DynamicPolicy, FlushReason, LatencyModel
 from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, spin, submit
@@ -140,3 +142,67 @@ def test_a_batch_sent_into_a_pipeline_slot_is_predicted_to_end_after_the_one_it_
     assert q.next_batch(now=0.0085, free_replicas=1, idle_replicas=0) is None
     assert q.deadline() == pytest.approx(2 * RUN - LEAD)
     assert q.next_batch(now=2 * RUN - LEAD, free_replicas=1, idle_replicas=0).ids == ["b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["submit", "submit", "submit", "tick", "complete"]),
+                              st.sampled_from([0.0, 0.0, 0.0005, 0.001, 0.002, 0.004])),
+                    max_size=80),
+       replicas=st.integers(1, 3), lead=st.sampled_from([0.0, 0.001, 0.003]))
+def test_a_replica_never_idles_with_a_due_batch_and_every_request_ends(ops, replicas, lead):
+    """Random arrivals and completions on 1-3 replicas with two slots each: whenever a
+    replica is idle, nothing due is held (the oldest request waited the delay: sent);
+    nothing is held forever (every request ends); each ends once."""
+    latency = LatencyModel(min_samples=1)
+    latency.observe(1, RUN)
+    q = DynamicBatcher(DynamicPolicy(max_batch_size=4, max_queue_delay_s=DELAY,
+                                     idle_dispatch=True, fill_while_busy=True,
+                                     busy_lead_s=lead), latency=latency)
+    slots: list[list] = [[] for _ in range(replicas)]  # each replica's batches; [0] runs
+    arrived: dict[int, float] = {}  # request id -> arrival, while queued
+    ended: list = []
+    now = 0.0
+    held = 0
+
+    def pump() -> None:
+        nonlocal held
+        while True:
+            free = sum(2 - len(s) for s in slots)
+            idle = sum(not s for s in slots)
+            batch = q.next_batch(now=now, free_replicas=free, idle_replicas=idle)
+            if batch is None:
+                break
+            for rid in batch.ids:
+                del arrived[rid]
+            min(slots, key=len).append(batch)
+        if arrived and any(not s for s in slots):  # an idle replica: nothing due is held
+            assert min(arrived.values()) + DELAY > now, (arrived, now)
+        held += bool(free and arrived and q._hold_until_s > now)
+
+    def complete_one() -> None:
+        busy = [s for s in slots if s]
+        batch = busy[0].pop(0)
+        q.complete(batch.id, now=now, compute_s=RUN)
+        ended.extend(batch.ids)
+
+    n = 0
+    for op, dt in ops:
+        now += dt
+        if op == "submit":
+            q.submit(_req(n), now=now)
+            arrived[n] = now
+            n += 1
+        elif op == "complete" and any(slots):
+            complete_one()
+        pump()
+    for _ in range(4 * n + 10):  # drain: run what is in flight, wake when the engine asks
+        if any(slots):
+            now += RUN / 2
+            complete_one()
+        elif arrived:
+            now = max(now, q.deadline())
+        else:
+            break
+        pump()
+    assert sorted(ended) == list(range(n))  # every request ended, once
+    event(f"held {min(held, 3)}+ times")

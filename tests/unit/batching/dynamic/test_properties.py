@@ -63,6 +63,9 @@ def policies(draw) -> tuple[DynamicPolicy, str]:
         max_batch_size=max_bs,
         max_queue_delay_s=draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
         idle_dispatch=draw(st.booleans()),
+        # One replica, as far as fill_while_busy is told (`Machine.idle_replicas`).
+        fill_while_busy=draw(st.booleans()),
+        busy_lead_s=draw(st.sampled_from([0.0, 0.125])),
         preferred_batch_sizes=tuple(draw(st.lists(st.integers(1, max_bs), max_size=3))),
         max_batch_cost=draw(st.none() | st.sampled_from([3.0, 5.0, 12.0])),
         cost_fn=item_cost if use_cost else None,
@@ -250,14 +253,18 @@ class Host:
             kind, until = self.idle
             # deadline() promised that nothing happens before `until` without new events
             if (until is None or self.now < until) and (kind == "none-due" or free == 0):
-                assert self.q.next_batch(now=self.now, free_replicas=free) is None
+                assert self.q.next_batch(now=self.now, free_replicas=free,
+                                         idle_replicas=self.idle_replicas()) is None
                 assert self.q.take_failures() == []
         while True:
-            b = self.q.next_batch(now=self.now, free_replicas=free)
+            b = self.q.next_batch(now=self.now, free_replicas=free,
+                                  idle_replicas=self.idle_replicas())
             self.take_failures()
             if b is None:
                 if free > 0:
                     self.check_not_due()
+                    if self.q._hold_until_s > self.now:
+                        event("fill_while_busy held a due batch")
                 break
             assert free > 0
             self.take_batch(b)
@@ -267,6 +274,11 @@ class Host:
         until = self.idle[1]
         if until is not None and self.idle[0] == "none-due":
             assert until > self.now  # nothing was due, so the next look lies ahead
+
+    def idle_replicas(self) -> int:
+        """One replica: busy while any batch is in flight (what the host tells the engine;
+        it changes only with a batch sent or completed, events of their own)."""
+        return 0 if self.inflight else 1
 
     def take_failures(self) -> None:
         failures = self.q.take_failures()
