@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import pickle
-import time
 from typing import Any
 from unittest import mock
 
 import numpy as np
 
-from benchmarks.front_path import Echo
+from benchmarks.front_path import Echo, best_of
 from benchmarks.serve_models import bench_models, raybatch_config
 
 
@@ -78,16 +76,18 @@ def build(model: str) -> Any:
 
 
 async def drive(route: Any, x: np.ndarray, total: int, c: int) -> int:
+    """`total` requests from `c` callers, each sending its own input (`x + i`) and
+    checking that the echo it gets back is that input; how many were not."""
     left, failed = [total], [0]
 
-    async def caller() -> None:
+    async def caller(mine: np.ndarray) -> None:
         while left[0] > 0:
             left[0] -= 1
-            out = await route.infer({"INPUT0": x})
-            if out["OUTPUT0"].shape[0] != 1:
+            out = await route.infer({"INPUT0": mine})
+            if not np.array_equal(out["OUTPUT0"], mine):
                 failed[0] += 1
 
-    await asyncio.gather(*(caller() for _ in range(c)))
+    await asyncio.gather(*(caller(x + i) for i in range(c)))
     return failed[0]
 
 
@@ -102,27 +102,10 @@ async def _measure(args: argparse.Namespace) -> float:
     route = build(args.model)
     x = bench_models()[args.model].payloads(1)[0]
     await drive(route, x, min(2000, args.requests), args.concurrency)  # warm up
-    prof = cProfile.Profile() if args.profile else None
-    best = None
-    for _ in range(args.repeats):
-        if prof:
-            prof.enable()
-        t0, c0 = time.perf_counter(), time.process_time()
-        failed = await drive(route, x, args.requests, args.concurrency)
-        cpu, wall = time.process_time() - c0, time.perf_counter() - t0
-        if prof:
-            prof.disable()
-        if failed:
-            raise SystemExit(f"{failed} of {args.requests} answers were wrong")
-        us = cpu / args.requests * 1e6
-        best = us if best is None else min(best, us)
-        print(f"{args.requests} requests, C={args.concurrency}, "
-              f"{'unstacked' if args.unstacked else 'stacked'}: {us:6.1f} us CPU/request, "
-              f"{args.requests / wall:8,.0f} req/s")
-    print(f"best: {best:.1f} us CPU/request")
-    if prof:
-        prof.dump_stats(args.profile)
-    return best
+    form = "unstacked" if args.unstacked else "stacked"
+    return await best_of(lambda: drive(route, x, args.requests, args.concurrency),
+                         args.repeats, args.requests, f"C={args.concurrency}, {form}",
+                         args.profile)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import math
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -95,27 +97,41 @@ async def main_async(args: argparse.Namespace) -> None:
     body, headers = http_body(x, not args.json_http)
     sc = scope(args.model, headers, len(body))
     await drive(app, sc, body, 2000, args.concurrency)  # warm up
-    prof = cProfile.Profile() if args.profile else None
-    best = None
-    for _ in range(args.repeats):
+
+    async def window() -> int:
+        statuses = await drive(app, sc, body, args.requests, args.concurrency)
+        return sum(s != 200 for s in statuses)
+
+    await best_of(window, args.repeats, args.requests,
+                  f"C={args.concurrency}, {'JSON' if args.json_http else 'binary'}",
+                  args.profile)
+
+
+async def best_of(window: Callable[[], Awaitable[int]], repeats: int, requests: int,
+                  label: str, profile: str | None = None) -> float:
+    """Run `window` (`requests` requests through the path; returns how many failed)
+    `repeats` times, print each one's CPU per request and return the best (us); with
+    `profile`, a cProfile of the windows is written there."""
+    prof = cProfile.Profile() if profile else None
+    best = math.inf
+    for _ in range(repeats):
         if prof:
             prof.enable()
         t0, c0 = time.perf_counter(), time.process_time()
-        statuses = await drive(app, sc, body, args.requests, args.concurrency)
+        failed = await window()
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         if prof:
             prof.disable()
-        bad = sum(s != 200 for s in statuses)
-        if bad:
-            raise SystemExit(f"{bad} of {len(statuses)} requests failed")
-        us = cpu / args.requests * 1e6
-        best = us if best is None else min(best, us)
-        print(f"{args.requests} requests, C={args.concurrency}, "
-              f"{'JSON' if args.json_http else 'binary'}: {us:6.1f} us CPU/request, "
-              f"{args.requests / wall:8,.0f} req/s")
+        if failed:
+            raise SystemExit(f"{failed} of {requests} requests failed")
+        us = cpu / requests * 1e6
+        best = min(best, us)
+        print(f"{requests} requests, {label}: {us:6.1f} us CPU/request, "
+              f"{requests / wall:8,.0f} req/s")
     print(f"best: {best:.1f} us CPU/request")
     if prof:
-        prof.dump_stats(args.profile)
+        prof.dump_stats(profile)
+    return best
 
 
 def main() -> None:

@@ -123,34 +123,16 @@ class Load:
     client_cpu_us_per_req: float
 
 
-async def drive_handle(handle: Any, name: str, x: Any, c: int, duration_s: float) -> Load:
-    """C callers of `handle.infer.remote(name, ...)` in a closed loop for `duration_s`."""
+async def drive(call: Any, c: int, duration_s: float) -> Load:
+    """C callers of `await call()` in a closed loop for `duration_s` (a handle's
+    `infer.remote(name, ...)`, or a `RaybatchClient`'s `infer(name, ...)`)."""
     stop = time.monotonic() + duration_s
     done = [0, 0]
 
     async def caller() -> None:
         while time.monotonic() < stop:
             try:
-                await handle.infer.remote(name, {"INPUT0": x})
-                done[0] += 1
-            except Exception:  # counted, not raised: the window goes on
-                done[1] += 1
-
-    cpu0, t0 = time.process_time(), time.monotonic()
-    await asyncio.gather(*(caller() for _ in range(c)))
-    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
-    return Load(done[0], done[0] / wall, done[1], cpu / max(done[0], 1) * 1e6)
-
-
-async def drive_client(client: Any, name: str, x: Any, c: int, duration_s: float) -> Load:
-    """C callers of `client.infer(name, ...)` (a `RaybatchClient`) in a closed loop."""
-    stop = time.monotonic() + duration_s
-    done = [0, 0]
-
-    async def caller() -> None:
-        while time.monotonic() < stop:
-            try:
-                await client.infer(name, {"INPUT0": x})
+                await call()
                 done[0] += 1
             except Exception:  # counted, not raised: the window goes on
                 done[1] += 1
@@ -185,14 +167,15 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
         handle, x = serve.get_app_handle(app), model.payloads(1)[0]
 
         async def load(seconds: float) -> Any:
-            return await drive_handle(handle, model.name, x, c, seconds)
+            return await drive(lambda: handle.infer.remote(model.name, {"INPUT0": x}), c,
+                               seconds)
     elif path == "client":
         from deployments.client import RaybatchClient
 
         client, x = RaybatchClient(serve.get_app_handle(app)), model.payloads(1)[0]
 
         async def load(seconds: float) -> Any:
-            return await drive_client(client, model.name, x, c, seconds)
+            return await drive(lambda: client.infer(model.name, {"INPUT0": x}), c, seconds)
     else:
         url = await http_url(app, prefix, model.name, s.port, True,
                              native_port(s, f"rb:{variant}"))
