@@ -27,7 +27,7 @@ from unittest import mock
 
 import numpy as np
 
-from benchmarks.front_path import Echo, best_of
+from benchmarks.front_path import Echo, best_of, window_arguments
 from benchmarks.serve_models import bench_models, raybatch_config
 
 
@@ -109,13 +109,8 @@ async def _measure(args: argparse.Namespace) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="sleep", choices=("mlp", "sleep"))
-    ap.add_argument("--requests", type=int, default=20_000)
-    ap.add_argument("--concurrency", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = window_arguments(__doc__, "sleep")
     ap.add_argument("--unstacked", action="store_true")
-    ap.add_argument("--profile", metavar="OUT")
     return ap.parse_args(argv)
 
 

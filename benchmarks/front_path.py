@@ -134,14 +134,20 @@ async def best_of(window: Callable[[], Awaitable[int]], repeats: int, requests: 
     return best
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="mlp", choices=("mlp", "sleep"))
+def window_arguments(doc: str, model: str) -> argparse.ArgumentParser:
+    """The options every in-process path benchmark takes (`best_of`'s windows)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--model", default=model, choices=("mlp", "sleep"))
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json-http", action="store_true")
     ap.add_argument("--profile", metavar="OUT")
+    return ap
+
+
+def main() -> None:
+    ap = window_arguments(__doc__, "mlp")
+    ap.add_argument("--json-http", action="store_true")
     asyncio.run(main_async(ap.parse_args()))
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from batching.errors import InvalidRequest
+
 MIN_ENTRIES = 2  # a bundle of one gains nothing from stacking
 
 
@@ -61,8 +63,8 @@ def pack(bundle: list[tuple]) -> list[tuple] | Stacked:
     dtype, row = first.dtype, first.shape[1:]
     for entry in bundle:
         items = entry[1]
-        if (type(items) is not np.ndarray or items.dtype != dtype or items.shape[1:] != row
-                or (len(entry) > 4 and entry[4] is not None)):
+        if (type(items) is not np.ndarray or items.ndim == 0 or items.dtype != dtype
+                or items.shape[1:] != row or (len(entry) > 4 and entry[4] is not None)):
             return bundle
     return Stacked([e[0] for e in bundle], np.concatenate([e[1] for e in bundle]),
                    [len(e[1]) for e in bundle], [e[2] for e in bundle],
@@ -74,6 +76,12 @@ def entries(bundle: list[tuple] | Stacked) -> Iterator[tuple]:
     if type(bundle) is not Stacked:
         yield from bundle
         return
+    if not (len(bundle.keys) == len(bundle.counts) == len(bundle.priorities)
+            == len(bundle.timeouts)) or sum(bundle.counts) != len(bundle.items):
+        raise InvalidRequest(f"a stacked bundle of {len(bundle.keys)} keys holds "
+                             f"{len(bundle.counts)} row counts adding up to "
+                             f"{sum(bundle.counts)} for {len(bundle.items)} rows: "
+                             "build it with deployments.bundles.pack")
     items, offset = bundle.items, 0
     for key, n, priority, timeout_s in zip(bundle.keys, bundle.counts, bundle.priorities,
                                            bundle.timeouts):

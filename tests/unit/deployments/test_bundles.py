@@ -64,3 +64,27 @@ def test_answers_that_cannot_be_stacked_go_as_a_list():
     plain = [(0, rows(1, 1.0), None, None), (1, rows(1, 1.0), None, None)]
     answer = [(0, rows(1, 1.0), None), (1, rows(1, 1.0), None)]
     assert pack_outcomes(plain, answer) is answer  # a list bundle gets a list answer
+
+
+def test_a_stacked_bundle_whose_counts_do_not_add_up_is_refused_not_misread():
+    import numpy as np
+    import pytest
+
+    from batching.errors import InvalidRequest
+    from deployments.bundles import Stacked, entries
+
+    bad = Stacked([1, 2], np.zeros((3, 2), np.float32), [1, 1], [None, None], [None, None])
+    with pytest.raises(InvalidRequest, match="adding up to 2 for 3 rows"):
+        list(entries(bad))
+    short = Stacked([1, 2], np.zeros((2, 2), np.float32), [2], [None, None], [None, None])
+    with pytest.raises(InvalidRequest):
+        list(entries(short))
+
+
+def test_a_zero_dimensional_item_keeps_the_bundle_a_list():
+    import numpy as np
+
+    from deployments.bundles import pack
+
+    bundle = [(1, np.zeros(3, np.float32), None, None), (2, np.ones((), np.float32), None, None)]
+    assert pack(bundle) is bundle
