@@ -17,6 +17,13 @@ What is kept equal with the Raybatch app, so only the serving path differs:
 - the handle API: `infer(x)` with `x` one request's array (leading dimension 1);
 - logging: log level WARNING, no access log, as Raybatch's app runs by default.
 
+`BatchedStdJson` is `@serve.batch` with JSON tensors read and written the way Serve's
+documentation shows (Starlette's `await request.json()` and `JSONResponse`: the
+standard library's `json` both ways) and the data turned into an array with
+`np.asarray`, less checking than the OIP codec. It is the peer a Serve user writes; the
+targets are taken against `Batched`, which is given Raybatch's own orjson codec so that
+only the serving path differs. Binary requests take the shared codec in both.
+
 Batch counts (`stats()`) are kept in the replica, so the mean batch size is read
 the same way for all three systems.
 """
@@ -31,14 +38,19 @@ from typing import Any
 import numpy as np
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from batching.errors import InvalidRequest
 from batching.model import instantiate, run_batch
 from benchmarks.serve_models import MAX_BATCH_SIZE, BenchModel, pin_process
 from cluster.config import ModelConfig, import_object
 from deployments.ingress import model_spec
-from deployments.protocol import encode_infer_response, error_body, parse_infer_request
+from deployments.protocol import (
+    INFER_HEADER_LENGTH,
+    encode_infer_response,
+    error_body,
+    parse_infer_request,
+)
 
 MAX_BODY_BYTES = 64 * 2**20
 MAX_ONGOING_REQUESTS = 2048  # as Raybatch's ingress: every request reaches the replica at once
@@ -109,6 +121,25 @@ class Batched(_ServeModel):
             out.append(y[at : at + len(x)])
             at += len(x)
         return out
+
+
+class BatchedStdJson(Batched):
+    """`@serve.batch`, JSON tensors through Starlette's `request.json()`/`JSONResponse`."""
+
+    async def __call__(self, request: Request) -> Response:
+        if INFER_HEADER_LENGTH.lower() in request.headers:
+            return await super().__call__(request)
+        try:
+            doc = await request.json()
+            entry = doc["inputs"][0]
+            x = np.asarray(entry["data"], dtype=np.float32).reshape(entry["shape"])
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            return JSONResponse({"error": f"bad request: {e}"}, status_code=400)
+        y = await self.infer(x)
+        return JSONResponse({
+            "model_name": self.config.name, "model_version": self.config.version,
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": list(y.shape),
+                         "data": y.ravel().tolist()}]})
 
 
 def serve_app(cls: type[_ServeModel], model: BenchModel) -> serve.Application:

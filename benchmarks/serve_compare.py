@@ -61,7 +61,10 @@ from benchmarks.serve_report import LATENCY_C, MINILM_C, SLEEP_C, render, target
 
 CONCURRENCIES = (1, 16, 128, 512)
 VARIANTS = ("direct", "proxy", "haproxy")
-PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched")}
+PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched"),
+         # @serve.batch with Serve's documented JSON (stdlib), for context; not a default
+         "serve.batch.stdjson": ("serve-batch-stdjson", "/batched-stdjson")}
+PEER_APPS = {"serve": "Plain", "serve.batch": "Batched", "serve.batch.stdjson": "BatchedStdJson"}
 RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
                      "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
                      "ingress+inproc", "actor+idle+inproc", "ingress+idle+inproc+native",
@@ -143,7 +146,7 @@ def deploy(model: BenchModel, s: Settings) -> None:
     """The apps of `model`, side by side (blocking: run it in a thread)."""
     from ray import serve
 
-    from benchmarks.serve_apps import Batched, Plain, serve_app
+    from benchmarks import serve_apps
     from cluster.config import load_config
     from deployments.app import build_app
 
@@ -154,7 +157,7 @@ def deploy(model: BenchModel, s: Settings) -> None:
                                   native_port(s, system))
             app = build_app(load_config(cfg))
         else:
-            app = serve_app(Plain if system == "serve" else Batched, model)
+            app = serve_apps.serve_app(getattr(serve_apps, PEER_APPS[system]), model)
         targets.append(serve.RunTarget(app, name=name, route_prefix=prefix))
     serve.run_many(targets)
 
@@ -375,7 +378,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     default=["actor", "ingress"],
                     help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch, "
                          "+inproc = replicas.in_process, +fill = fill_while_busy")
-    ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=list(PEERS),
+    ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=["serve", "serve.batch"],
                     help="Serve baselines to run beside Raybatch")
     ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",
                     help="HTTP load generator (wrk: little client CPU; aiohttp: many payloads)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 BASELINE = "serve.batch"
+STDJSON = "serve.batch.stdjson"  # context only: @serve.batch with Serve's documented JSON
 SLEEP_C, MLP_HTTP_C, MINILM_C, LATENCY_C = 128, 128, 64, 1
 
 
@@ -71,6 +72,11 @@ def _variant_targets(results: dict[str, Any], rb: str) -> list[dict[str, Any]]:
         x = _ratio(_rps(p, "http", rb), _rps(p, "http", BASELINE))
         out.append(_at_least(f"{rb} mlp HTTP C={MLP_HTTP_C} >= {bound}x @serve.batch "
                              f"({'binary' if binary else 'JSON'})", x, bound))
+        if not binary and STDJSON in p.get("http", {}):
+            x = _ratio(_rps(p, "http", rb), _rps(p, "http", STDJSON))
+            out.append(_target(f"{rb} mlp HTTP C={MLP_HTTP_C} JSON vs @serve.batch with "
+                               "stdlib JSON (request.json/JSONResponse)", x, None,
+                               "context, not a target"))
         r = p.get("http", {}).get(rb)
         if r and r.get("own_and_front_cpu_us_per_req") is not None:
             us = r["own_and_front_cpu_us_per_req"]
