@@ -166,6 +166,14 @@ class ReplicaPool:
                                          **placement_env, **_python_path(), **r.env}},
         }
 
+    def _threads(self) -> dict[str, int]:
+        """A dynamic model's replica reads its next batch while its device thread runs one
+        (one Ray thread per pipeline slot: `deployments.replica`). Sequence and generation
+        replicas keep one: their calls change state in the order they are sent."""
+        if not self._replica_class.DEVICE_THREAD:
+            return {}
+        return {"max_concurrency": max(1, self.config.replicas.max_inflight_batches)}
+
     def _placement(self) -> tuple[dict[str, float], dict[str, str]]:
         """The next replica's numa<N> resource and env (NUMA node, GPU order): cluster.raynode."""
         from cluster.raynode import NumaChooser, numa_request, numa_view
@@ -190,7 +198,8 @@ class ReplicaPool:
                                                     self.record_metrics, r.batch_timeout_s)
         else:
             actor = ray.remote(concurrency_groups={"control": 1})(self._replica_class).options(
-                **self._actor_options()).remote(self._json, index, self.record_metrics)
+                **self._actor_options(), **self._threads()).remote(
+                self._json, index, self.record_metrics)
             client = RayReplicaClient(actor, index, r.batch_timeout_s)
         self._starting[index] = client
         return index, client

@@ -1,7 +1,16 @@
 """The model-replica actor: one `VectorTransformer`, run one batch at a time.
 
-A sync Ray actor (batches run back to back on its own thread; no event loop
-competes with the model for the core). Its constructor first pins the process
+A sync Ray actor (no event loop competes with the model for the core). A dynamic
+model's replica actor builds and runs its model on one thread of its own, the device
+thread, and the pool starts it with one Ray thread per pipeline slot
+(`replicas.max_inflight_batches`, `max_concurrency`): Ray reads a batch's arguments,
+and writes its results, on the thread that took the call, so with Ray's one thread
+that work sat between two batches and the device idled through it (~15 us a request,
+about 0.9 ms between two batches of 60 on these machines); now the next batch is read,
+and the last one's results written, while the model runs, and the model still sees one
+thread, as before (a model may keep per-thread state: CUDA streams, grad mode).
+Sequence and generation replicas (`deployments.stateful_replica`) keep Ray's one
+thread: their calls change state in the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
 builds the model on the device Ray gave it; it reports where it runs (node, CPUs
 as read back with `os.sched_getaffinity`, NUMA node, pinned or not, torch
@@ -27,6 +36,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -50,6 +61,10 @@ class ReplicaSetupError(RaybatchError):
 
 
 class ModelReplica:
+    # Run the model on a device thread of its own (an actor with one Ray thread per
+    # pipeline slot; see the module note). False: on the thread of the call.
+    DEVICE_THREAD = True
+
     def __init__(self, model_json: str, index: int, record_metrics: bool = False,
                  in_process: bool = False) -> None:
         started = time.perf_counter()
@@ -68,8 +83,11 @@ class ModelReplica:
         self.model: Any = None
         self.error: str | None = None
         self.ready: dict[str, Any] = {}
+        # In process, the host's client already runs every call on one thread of its own.
+        self._device = (ThreadPoolExecutor(1, thread_name_prefix="model")
+                        if self.DEVICE_THREAD and not in_process else None)
         try:
-            self._build(started)
+            self._on_device(self._build, started)
         except Exception as e:  # reported by info(): the pool fails the deploy with it
             self.error = str(e) if isinstance(e, RaybatchError) else f"{type(e).__name__}: {e}"
             log.error("%s replica-%d cannot serve: %s", self.config.name, index, self.error)
@@ -87,8 +105,18 @@ class ModelReplica:
                  self.config.name, self.index, self.ready["ready_s"], setup_s,
                  warmup["warmup_s"], warmup["batch_sizes"])
 
+    def _on_device(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the device thread (its exception raised here), or right here."""
+        if self._device is None:
+            return fn(*args)
+        return self._device.submit(fn, *args).result()
+
     def run(self, items: Any) -> tuple[Any, float]:
-        """One batch: preprocess → transform → postprocess; returns (results, compute_s)."""
+        """One batch: preprocess → transform → postprocess; returns (results, compute_s),
+        the time it ran (not its wait behind the batch before it)."""
+        return self._on_device(self._run, items)
+
+    def _run(self, items: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
         results = run_batch(self.model, items)
         return results, self._elapsed(t0)

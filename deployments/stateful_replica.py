@@ -22,6 +22,8 @@ from deployments.replica import ModelReplica
 
 
 class SequenceReplica(ModelReplica):
+    DEVICE_THREAD = False  # Ray's one thread: calls change state in the order sent
+
     def __init__(self, model_json: str, index: int, record_metrics: bool = False,
                  in_process: bool = False) -> None:
         super().__init__(model_json, index, record_metrics, in_process)
@@ -40,6 +42,8 @@ class SequenceReplica(ModelReplica):
 
 
 class StepReplica(ModelReplica):
+    DEVICE_THREAD = False  # Ray's one thread: calls change state in the order sent
+
     def __init__(self, model_json: str, index: int, record_metrics: bool = False,
                  in_process: bool = False) -> None:
         super().__init__(model_json, index, record_metrics, in_process)

@@ -13,11 +13,16 @@
   model (the batch timeout tests).
 - `FailNegative`: y = x + 1, but a negative item fails alone (`ItemFailed`): only
   the requests that carry one fail, their batch-mates get their answers.
+- `ReadWhileRunning` (items: `Marked`, which note when the replica unpickles them):
+  each batch's answer says whether its items were read while the batch before it ran,
+  and which thread ran it: a test sees a replica actor read ahead, the model on one
+  thread.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -97,3 +102,44 @@ class FailNegative(VectorTransformer):
     def transform(self, xs: np.ndarray) -> list[Any]:
         return [ItemFailed(ValueError(f"negative input {x}: this model takes x >= 0"))
                 if x < 0 else np.float32(x + 1) for x in xs]
+
+
+
+READ_AT: dict[float, float] = {}  # Marked.value -> when this process unpickled it
+
+
+class Marked:
+    """An item that notes (in READ_AT) when the replica's process unpickled it."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __getstate__(self) -> float:
+        return self.value
+
+    def __setstate__(self, value: float) -> None:
+        self.value = value
+        READ_AT[value] = time.monotonic()
+
+
+class ReadWhileRunning(VectorTransformer):
+    """`Marked` items → per item [1 if the batch's items were unpickled while the previous
+    batch ran else 0, the number of the thread that ran the model (0 = the first seen)],
+    after `delay_ms`."""
+
+    def __init__(self, delay_ms: float = 300.0) -> None:
+        self.delay_s = delay_ms / 1e3
+        self.threads: dict[int, int] = {}
+        self.last: tuple[float, float] = (0.0, 0.0)  # the previous batch's run
+
+    def preprocess(self, items: Sequence[Any]) -> list[float]:
+        return [item.value for item in items]
+
+    def transform(self, values: list[float]) -> np.ndarray:
+        started = time.monotonic()
+        first, last = self.last
+        ahead = all(first <= READ_AT.get(v, -1.0) < last for v in values)
+        tag = self.threads.setdefault(threading.get_ident(), len(self.threads))
+        time.sleep(self.delay_s)
+        self.last = (started, time.monotonic())
+        return np.array([[float(ahead), float(tag)]] * len(values), dtype=np.float32)

@@ -1,0 +1,103 @@
+"""A dynamic model's replica actor runs with one Ray thread per pipeline slot, so Ray reads
+the next batch (and writes the last one's results) while the model runs; the model itself
+is built and runs on one device thread, one batch at a time, and the compute time it
+reports is the batch's own, not its wait behind the one before. Without Ray: the calls
+come from several threads here, as from Ray's thread pool. Sequence and generation
+replicas keep running on the calling thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batching.model import VectorTransformer
+from cluster.config import ModelConfig
+from deployments.pool import ReplicaPool
+from deployments.replica import ModelReplica
+
+RUN_S = 0.05
+
+
+class Overlap(VectorTransformer):
+    """FP32 [-1] → x * 2 in RUN_S; counts how many batches run at once, and on which
+    threads it was built and run."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.guard = threading.Lock()
+        self.threads = {threading.get_ident()}
+
+    def preprocess(self, items: Sequence[Any]) -> np.ndarray:
+        return np.asarray(items, dtype=np.float32)
+
+    def transform(self, xs: np.ndarray) -> np.ndarray:
+        with self.guard:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.threads.add(threading.get_ident())
+        time.sleep(RUN_S)
+        with self.guard:
+            self.running -= 1
+        return xs * 2
+
+
+def config(kind: str = "dynamic", **replicas: Any) -> ModelConfig:
+    batching: dict[str, Any] = {"kind": kind, "max_batch_size": 8}
+    if kind == "dynamic":
+        batching["max_queue_delay_s"] = 0.0
+    return ModelConfig(
+        name="m", transformer=f"{__name__}:Overlap",
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        outputs=[{"name": "y", "datatype": "FP32", "shape": [-1]}],
+        batching=batching, replicas={"num_cpus": 0.5, "pin": "off", **replicas},
+        warmup={"enabled": False},
+    )
+
+
+def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_alone():
+    replica = ModelReplica(config().model_dump_json(), 0)
+    assert replica.error is None
+    batches = [[float(i), float(i + 1)] for i in range(0, 8, 2)]
+    with ThreadPoolExecutor(4) as threads:
+        answers = list(threads.map(replica.run, batches))
+    assert replica.model.most == 1  # never two batches in the model at once
+    assert len(replica.model.threads) == 1  # built and run on the device thread
+    assert threading.get_ident() not in replica.model.threads
+    for batch, (results, compute_s) in zip(batches, answers):
+        assert [float(r) for r in results] == [2 * x for x in batch]
+        assert RUN_S * 0.9 <= compute_s < RUN_S * 1.9  # its own run, not the queue before it
+
+
+@pytest.mark.parametrize("inflight", [1, 2, 3])
+def test_a_dynamic_replica_actor_gets_a_thread_per_pipeline_slot(inflight):
+    pool = ReplicaPool(config(max_inflight_batches=inflight), host=None)
+    assert pool._threads() == {"max_concurrency": inflight}
+
+
+def test_sequence_replicas_keep_one_thread():
+    pool = ReplicaPool(config("sequence", max_inflight_batches=2), host=None)
+    assert pool._threads() == {}
+
+
+def test_a_model_error_is_raised_to_the_caller_from_the_device_thread():
+    replica = ModelReplica(config().model_dump_json(), 0)
+    with pytest.raises(ValueError):
+        replica.run(["not a number"])
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_sequence_replicas_and_in_process_replicas_run_on_the_calling_thread(in_process):
+    from deployments.stateful_replica import SequenceReplica
+
+    if in_process:
+        replica = ModelReplica(config().model_dump_json(), 0, in_process=True)
+    else:
+        replica = SequenceReplica(config("sequence").model_dump_json(), 0)
+    assert replica._device is None
