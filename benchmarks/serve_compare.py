@@ -71,7 +71,8 @@ RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+ac
                      "actor+idle+native", "ingress+idle+inproc+native+pipe1",
                      "ingress+idle+inproc+native+fill", "ingress+idle+inproc+fill",
                      "actor+idle+inproc+fill", "ingress+idle+native",
-                     "ingress+idle+native+fill")
+                     "ingress+idle+native+fill", "ingress+idle+native+fill+lead2",
+                     "ingress+idle+native+fill+lead3", "ingress+idle+inproc+native+fill+lead0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,8 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
     `idle_dispatch`, `+access` for Serve's access log (at INFO), `+inproc` for the
     replica in the engine's process (`replicas.in_process`), `+native` for Raybatch's own
     HTTP server on `native_port` (`ingress.native_port`), `+pipe1` for one batch in
-    flight per replica (`replicas.max_inflight_batches: 1`), `+fill` for `fill_while_busy`."""
+    flight per replica (`replicas.max_inflight_batches: 1`), `+fill` for `fill_while_busy`,
+    `+leadN` for its `busy_lead_s` of N ms."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
     m["batcher"] = {**m.get("batcher", {}), "placement": placement}
@@ -112,6 +113,9 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
         m["replicas"]["max_inflight_batches"] = 1
     m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags,
                      "fill_while_busy": "fill" in flags}
+    for flag in flags:
+        if flag.startswith("lead"):
+            m["batching"]["busy_lead_s"] = int(flag.removeprefix("lead")) / 1e3
     return {"app_name": app_name,
             "ingress": {"num_replicas": 1, "num_cpus": 0.5, "route_prefix": route_prefix,
                         "access_log": "access" in flags,
