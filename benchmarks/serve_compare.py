@@ -72,7 +72,9 @@ RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+ac
                      "ingress+idle+inproc+native+fill", "ingress+idle+inproc+fill",
                      "actor+idle+inproc+fill", "ingress+idle+native",
                      "ingress+idle+native+fill", "ingress+idle+native+fill+lead2",
-                     "ingress+idle+native+fill+lead3", "ingress+idle+inproc+native+fill+lead0")
+                     "ingress+idle+native+fill+lead3", "ingress+idle+inproc+native+fill+lead0",
+                     "ingress+idle+native+ahead", "ingress+idle+native+fill+ahead",
+                     "actor+idle+native+fill+ahead")
 
 
 @dataclass(frozen=True, slots=True)

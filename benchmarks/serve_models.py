@@ -104,13 +104,16 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
     replica in the engine's process (`replicas.in_process`), `+native` for Raybatch's own
     HTTP server on `native_port` (`ingress.native_port`), `+pipe1` for one batch in
     flight per replica (`replicas.max_inflight_batches: 1`), `+fill` for `fill_while_busy`,
-    `+leadN` for its `busy_lead_s` of N ms."""
+    `+leadN` for its `busy_lead_s` of N ms, `+ahead` for `replicas.read_ahead` (replica
+    actors read their next batch while they run one; the default for GPU replicas)."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
     m["batcher"] = {**m.get("batcher", {}), "placement": placement}
     m["replicas"] = {**m["replicas"], "in_process": "inproc" in flags}
     if "pipe1" in flags:
         m["replicas"]["max_inflight_batches"] = 1
+    if "ahead" in flags:
+        m["replicas"]["read_ahead"] = True
     m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags,
                      "fill_while_busy": "fill" in flags}
     for flag in flags:

@@ -24,6 +24,13 @@ class ReplicaConfig(BaseModel):
     """GPUs each replica reserves; 1 runs the model on `cuda`."""
     max_inflight_batches: int = Field(default=2, ge=1)
     """Batches sent to one replica before its previous ones return (pipelining)."""
+    read_ahead: bool | None = None
+    """A replica actor of a dynamic model reads (unpickles) its next batch, and writes the
+    last one's results, while its model runs a batch, on Ray threads beside the model's
+    own (one per pipeline slot): the model no longer waits for that work between two
+    batches. Pays where a batch runs off the replica's CPU (a GPU; a remote call); for a
+    CPU model that work competes with the model for its cores, and measured slower.
+    null (default): on for replicas with a GPU (`num_gpus` > 0), off otherwise."""
     batch_timeout_s: float | None = Field(default=120.0, gt=0)
     """Seconds one batch (or generation step) may run on a replica, counted from when it
     is sent: past it the replica is taken for hung and stopped, that batch's requests
@@ -70,13 +77,21 @@ class ReplicaConfig(BaseModel):
         own = [f"num_gpus={self.num_gpus}" if self.num_gpus else "",
                "pin='required'" if self.pin == "required" else "",
                f"resources={self.resources}" if self.resources else "",
-               f"env={self.env}" if self.env else ""]
+               f"env={self.env}" if self.env else "",
+               "read_ahead=true" if self.read_ahead else ""]
         own = [o for o in own if o]
         if own:
             raise ValueError(f"in_process=true with {', '.join(own)}: an in-process replica "
                              "shares its host's process, so it gets no GPU, cores, custom "
-                             "resources or environment of its own; drop those settings or "
-                             "set in_process to false (a replica actor of its own)")
+                             "resources or environment of its own (and reads no batch: "
+                             "nothing is pickled); drop those settings or set in_process to "
+                             "false (a replica actor of its own)")
+
+    def reads_ahead(self) -> bool:
+        """Whether a replica actor reads its next batch while its model runs one."""
+        if self.in_process:
+            return False
+        return self.num_gpus > 0 if self.read_ahead is None else self.read_ahead
 
     def host_cpus(self, parts: int = 1) -> float:
         """CPUs one of `parts` engine processes reserves for its in-process replicas (its

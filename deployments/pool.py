@@ -32,7 +32,7 @@ from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
 from deployments.inprocess import InProcessClient
 from deployments.metrics import PoolSnapshot
-from deployments.replica import ModelReplica, ReplicaSetupError
+from deployments.replica import ModelReplica, ReplicaSetupError, reads_ahead
 
 log = logging.getLogger(__name__)
 PENDING_WARN_S = 15.0
@@ -167,10 +167,11 @@ class ReplicaPool:
         }
 
     def _threads(self) -> dict[str, int]:
-        """A dynamic model's replica reads its next batch while its device thread runs one
-        (one Ray thread per pipeline slot: `deployments.replica`). Sequence and generation
-        replicas keep one: their calls change state in the order they are sent."""
-        if not self._replica_class.DEVICE_THREAD:
+        """With `replicas.read_ahead`, a dynamic model's replica reads its next batch while
+        its device thread runs one: one Ray thread per pipeline slot
+        (`deployments.replica`). Otherwise, and for sequence and generation replicas
+        (their calls change state in the order they are sent), Ray's one thread."""
+        if not reads_ahead(self._replica_class, self.config):
             return {}
         return {"max_concurrency": max(1, self.config.replicas.max_inflight_batches)}
 

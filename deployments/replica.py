@@ -1,16 +1,19 @@
 """The model-replica actor: one `VectorTransformer`, run one batch at a time.
 
-A sync Ray actor (no event loop competes with the model for the core). A dynamic
-model's replica actor builds and runs its model on one thread of its own, the device
-thread, and the pool starts it with one Ray thread per pipeline slot
-(`replicas.max_inflight_batches`, `max_concurrency`): Ray reads a batch's arguments,
-and writes its results, on the thread that took the call, so with Ray's one thread
-that work sat between two batches and the device idled through it (~15 us a request,
-about 0.9 ms between two batches of 60 on these machines); now the next batch is read,
-and the last one's results written, while the model runs, and the model still sees one
-thread, as before (a model may keep per-thread state: CUDA streams, grad mode).
-Sequence and generation replicas (`deployments.stateful_replica`) keep Ray's one
-thread: their calls change state in the order they are sent. Its constructor first pins the process
+A sync Ray actor (no event loop competes with the model for the core). With
+`replicas.read_ahead` (on by default for GPU replicas) a dynamic model's replica actor
+builds and runs its model on one thread of its own, the device thread, and the pool
+starts it with one Ray thread per pipeline slot (`max_concurrency` =
+`max_inflight_batches`): Ray reads a call's arguments, and writes its results, on the
+thread that took the call, so with Ray's one thread that work sat between two batches
+and the device idled through it (~15 us a request of `sleep`'s 64 x 256 floats, 0.9 ms
+between two batches); now the next batch is read, and the last one's results written,
+while the model runs, and the model still sees one thread (a model may keep per-thread
+state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: there
+that work would compete with the model for its cores (`benchmarks.replica_pipeline`:
+`mlp` slower, `sleep` busy 0.83 -> 0.98). Sequence and generation replicas
+(`deployments.stateful_replica`) always keep one thread: their calls change state in
+the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
 builds the model on the device Ray gave it; it reports where it runs (node, CPUs
 as read back with `os.sched_getaffinity`, NUMA node, pinned or not, torch
@@ -60,9 +63,15 @@ class ReplicaSetupError(RaybatchError):
     http_status = 503
 
 
+def reads_ahead(replica_class: type, config: ModelConfig, in_process: bool = False) -> bool:
+    """Whether a replica of `replica_class` reads its next batch while it runs one."""
+    return (replica_class.DEVICE_THREAD and not in_process
+            and config.replicas.reads_ahead())
+
+
 class ModelReplica:
-    # Run the model on a device thread of its own (an actor with one Ray thread per
-    # pipeline slot; see the module note). False: on the thread of the call.
+    # With `replicas.read_ahead`: the model on a device thread of its own, the actor with
+    # one Ray thread per pipeline slot (see the module note). False: never.
     DEVICE_THREAD = True
 
     def __init__(self, model_json: str, index: int, record_metrics: bool = False,
@@ -85,7 +94,7 @@ class ModelReplica:
         self.ready: dict[str, Any] = {}
         # In process, the host's client already runs every call on one thread of its own.
         self._device = (ThreadPoolExecutor(1, thread_name_prefix="model")
-                        if self.DEVICE_THREAD and not in_process else None)
+                        if reads_ahead(type(self), self.config, in_process) else None)
         try:
             self._on_device(self._build, started)
         except Exception as e:  # reported by info(): the pool fails the deploy with it

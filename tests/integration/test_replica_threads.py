@@ -1,7 +1,7 @@
-"""A dynamic model's replica actor, on Ray: with two pipeline slots, the batch sent while
-another runs is read (unpickled) during that run, on a second Ray thread, and the model
-still runs every batch on one thread of its own; with one slot, a batch is read only once
-the one before has ended. Every batch gets its own answers."""
+"""A dynamic model's replica actor with `read_ahead`, on Ray: with two pipeline slots, the
+batch sent while another runs is read (unpickled) during that run, on a second Ray
+thread, and the model still runs every batch on one thread of its own; with one slot, a
+batch is read only once the one before has ended. Every batch gets its own answers."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def config(inflight: int) -> ModelConfig:
         inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
         outputs=[{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
         batching={"max_batch_size": 8, "max_queue_delay_s": 0.0},
-        replicas={"num_cpus": 0.1, "max_inflight_batches": inflight},
+        replicas={"num_cpus": 0.1, "max_inflight_batches": inflight, "read_ahead": True},
         warmup={"enabled": False},
     )
 
@@ -50,3 +50,12 @@ def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
     assert len(a) == 2 and len(b) == 1  # each batch got its own answers
     assert [list(map(float, row)) for row in b] == [[read_ahead, 0.0]]
     assert all(float(row[1]) == 0.0 for row in a)  # one model thread throughout
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_the_replica_pipeline_benchmark_runs_every_batch(ray_address, read_ahead):
+    from benchmarks.replica_pipeline import measure
+
+    r = arun(measure("sleep", 20, 8, 2, read_ahead), timeout_s=120)
+    assert (r["batches"], r["read_ahead"], r["inflight"]) == (20, read_ahead, 2)
+    assert 0 < r["busy"] <= 1.05 and r["mean_compute_ms"] >= 2.0  # sleep: 2 ms + 0.05/item

@@ -1,9 +1,10 @@
-"""A dynamic model's replica actor runs with one Ray thread per pipeline slot, so Ray reads
-the next batch (and writes the last one's results) while the model runs; the model itself
-is built and runs on one device thread, one batch at a time, and the compute time it
-reports is the batch's own, not its wait behind the one before. Without Ray: the calls
-come from several threads here, as from Ray's thread pool. Sequence and generation
-replicas keep running on the calling thread."""
+"""With `replicas.read_ahead` (default: GPU replicas only), a dynamic model's replica actor
+runs with one Ray thread per pipeline slot, so Ray reads the next batch (and writes the
+last one's results) while the model runs; the model itself is built and runs on one
+device thread, one batch at a time, and the compute time it reports is the batch's own,
+not its wait behind the one before. Without Ray: the calls come from several threads
+here, as from Ray's thread pool. CPU replicas by default, in-process replicas, sequence
+and generation replicas keep running on the calling thread."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class Overlap(VectorTransformer):
 
 
 def config(kind: str = "dynamic", **replicas: Any) -> ModelConfig:
+    replicas.setdefault("read_ahead", True)
     batching: dict[str, Any] = {"kind": kind, "max_batch_size": 8}
     if kind == "dynamic":
         batching["max_queue_delay_s"] = 0.0
@@ -84,6 +86,28 @@ def test_a_dynamic_replica_actor_gets_a_thread_per_pipeline_slot(inflight):
 def test_sequence_replicas_keep_one_thread():
     pool = ReplicaPool(config("sequence", max_inflight_batches=2), host=None)
     assert pool._threads() == {}
+
+
+@pytest.mark.parametrize("read_ahead, num_gpus, expected", [
+    (None, 0.0, False), (None, 1.0, True), (None, 0.5, True),
+    (True, 0.0, True), (False, 1.0, False)])
+def test_read_ahead_by_default_for_gpu_replicas_only(read_ahead, num_gpus, expected):
+    c = config(read_ahead=read_ahead, num_gpus=num_gpus, max_inflight_batches=2)
+    assert c.replicas.reads_ahead() is expected
+    pool = ReplicaPool(c, host=None)
+    assert pool._threads() == ({"max_concurrency": 2} if expected else {})
+
+
+def test_a_cpu_replica_runs_on_the_calling_thread_by_default():
+    replica = ModelReplica(config(read_ahead=None).model_dump_json(), 0)
+    assert replica._device is None
+    replica.run([1.0])
+    assert threading.get_ident() in replica.model.threads
+
+
+def test_read_ahead_is_refused_for_in_process_replicas():
+    with pytest.raises(ValueError, match="read_ahead=true"):
+        config(read_ahead=True, in_process=True)
 
 
 def test_a_model_error_is_raised_to_the_caller_from_the_device_thread():
