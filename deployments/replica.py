@@ -145,6 +145,7 @@ class ModelReplica:
             "index": self.index,
             **({"error": self.error} if self.error else {}),
             "in_process": self.in_process,
+            "read_ahead": self._device is not None,
             **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,

@@ -387,6 +387,8 @@ def status(args: argparse.Namespace) -> int:
         for r in s["replica_info"]:
             pinned = "in process" if r.get("in_process") else \
                 "pinned" if r.get("pinned") else "unpinned"
+            if r.get("read_ahead"):
+                pinned += ", reads ahead"
             where = (f"node {(r.get('node_id') or '?')[:8]} cpus {r.get('cpus')} "
                      f"numa {_dash(r.get('numa_node'))} {pinned} gpus {r.get('gpus')}")
             ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "

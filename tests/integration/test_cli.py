@@ -45,6 +45,9 @@ def test_status_prints_replicas_and_batches_for_people(app):
     out = proc.stdout
     assert re.search(r"^slowsquare: 2 replicas, queued \d+ requests", out, re.M), out
     assert re.search(r"^  replica-\d+: ALIVE, node \w+ cpus \[", out, re.M), out
+    # slowsquare's replica actors read ahead (tests/configs/app.yaml): status says so
+    at = next(i for i, line in enumerate(out.splitlines()) if line.startswith("slowsquare:"))
+    assert all("reads ahead" in line for line in out.splitlines()[at + 2:at + 4]), out
     # square's replica runs in the ingress (replicas.in_process): status says so
     lines = out.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("square:"))

@@ -72,6 +72,7 @@ def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_a
     assert replica.model.most == 1  # never two batches in the model at once
     assert len(replica.model.threads) == 1  # built and run on the device thread
     assert threading.get_ident() not in replica.model.threads
+    assert replica.info()["read_ahead"] is True
     for batch, (results, compute_s) in zip(batches, answers):
         assert [float(r) for r in results] == [2 * x for x in batch]
         assert RUN_S * 0.9 <= compute_s < RUN_S * 1.9  # its own run, not the queue before it
@@ -100,7 +101,7 @@ def test_read_ahead_by_default_for_gpu_replicas_only(read_ahead, num_gpus, expec
 
 def test_a_cpu_replica_runs_on_the_calling_thread_by_default():
     replica = ModelReplica(config(read_ahead=None).model_dump_json(), 0)
-    assert replica._device is None
+    assert replica._device is None and replica.info()["read_ahead"] is False
     replica.run([1.0])
     assert threading.get_ident() in replica.model.threads
 
