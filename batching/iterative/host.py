@@ -189,7 +189,10 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         self._on_replica_died = on_replica_died or (lambda client: None)
         self._slots: list[_Slot] = []
         self._open: dict[RequestId, _Gen] = {}
-        self._counts = {"replica_deaths": 0, "completed": 0, "failed": 0, "compute_s": 0.0,
+        # Every request ends once: completed, failed (an error) or cancelled (its client's
+        # cancel or hang-up), so the three add up to the requests that ended.
+        self._counts = {"replica_deaths": 0, "completed": 0, "failed": 0, "cancelled": 0,
+                        "compute_s": 0.0,
                         "first_text_s": 0.0, "first_texts": 0}
 
     # -- replicas -------------------------------------------------------------------------
@@ -287,7 +290,7 @@ class IterativeHost(LoopHost[IterativeScheduler]):
                 "active": self.engine.active, "open_requests": len(self._open),
                 "inflight_steps": sum(s.busy for s in self._slots), "replicas": len(self._slots),
                 "replica_deaths": c["replica_deaths"], "completed": c["completed"],
-                "failed": c["failed"], "compute_s": c["compute_s"],
+                "failed": c["failed"], "cancelled": c["cancelled"], "compute_s": c["compute_s"],
                 "mean_time_to_first_text_s": c["first_text_s"] / max(c["first_texts"], 1),
                 "queue_hist": list(self.meter.join_waits.counts)}
 
@@ -377,7 +380,7 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         g = self._open.pop(request_id, None)
         if g is None:
             return
-        self._counts["failed"] += 1
+        self._counts["cancelled" if isinstance(error, Cancelled) else "failed"] += 1
         self.meter.ended(error)
         g.stream._push(error, last=True)
         if not self._open:

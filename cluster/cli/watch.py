@@ -43,8 +43,9 @@ class ModelView:
 
 def _ended(s: dict[str, Any]) -> tuple[float, float]:
     """(requests ended, of which failed) so far, in the model's engine's terms."""
-    if s.get("kind") == "iterative":
-        return s.get("completed", 0) + s.get("failed", 0), s.get("failed", 0)
+    if s.get("kind") == "iterative":  # a cancelled generation ended, but did not fail
+        failed = s.get("failed", 0)
+        return s.get("completed", 0) + failed + s.get("cancelled", 0), failed
     ok, failed = s.get("success", {}).get("count", 0), s.get("fail", {}).get("count", 0)
     return ok + failed, failed
 

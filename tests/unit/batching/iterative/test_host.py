@@ -201,6 +201,8 @@ def test_cancel_fails_the_stream_and_no_token_reaches_it_afterwards():
         assert r.pending() == [([], ["a"])]  # a leave-only step frees the replica's state
         r.run()
         assert r.gen.live == 0
+        s = host.stats()  # a cancel is no failure
+        assert (s["cancelled"], s["failed"], s["completed"]) == (1, 0, 0)
     run(main())
 
 
@@ -275,6 +277,8 @@ def test_a_model_error_fails_only_its_steps_sequences_and_keeps_the_replica():
                 r.run()
             await spin()
         assert [(await s.result()).text for s in (b, c)] == ["CD", "E"]
+        s = host.stats()
+        assert (s["failed"], s["cancelled"], s["completed"]) == (1, 0, 2)
     run(main())
 
 

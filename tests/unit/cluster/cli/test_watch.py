@@ -51,6 +51,14 @@ def test_a_generative_model_counts_generations_and_sequences_per_step():
     assert v.wait_p50_s is None  # no queue waits reported: shown as "-"
 
 
+def test_cancelled_generations_count_as_ended_not_as_errors():
+    s0 = {"kind": "iterative", "completed": 4, "failed": 0, "cancelled": 0, "steps": 10,
+          "mean_active_per_step": 2.0, "waiting": 0, "batch_limit": 16, "replica_info": []}
+    s1 = {**s0, "completed": 6, "cancelled": 6, "steps": 20}
+    v = model_view("tinylm", s1, s0, 2.0)
+    assert (v.req_s, v.err_s) == (4.0, 0.0)
+
+
 def test_durations_read_in_the_unit_that_fits():
     assert [duration(x) for x in (None, 0.00042, 0.0123, 2.5)] == ["-", "420 us", "12.3 ms",
                                                                    "2.50 s"]
