@@ -170,6 +170,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
             "replicas": len(self._slots),
             "replica_deaths": self.replica_deaths,
             "retried_batches": self.retried_batches,
+            # of the requests counted under "fail" (Triton's statistics), those cancelled
+            "cancelled": self.outcomes.get("cancelled", 0),
             "latency_model": {"a_ms": a * 1e3, "b_ms_per_cost": b * 1e3,
                               "warm": self.engine.latency.warm},
         }

@@ -198,6 +198,8 @@ class SequenceHost(LoopHost[SequenceBatcher]):
             "replica_deaths": self.replica_deaths,
             "releases_sent": self.releases_sent,
             "release_failures": self.release_failures,
+            # of the requests counted under "fail" (Triton's statistics), those cancelled
+            "cancelled": self.outcomes.get("cancelled", 0),
         }
 
     # -- the pump: the only place batches are formed ---------------------------------------

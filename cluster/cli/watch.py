@@ -46,8 +46,8 @@ def _ended(s: dict[str, Any]) -> tuple[float, float]:
     if s.get("kind") == "iterative":  # a cancelled generation ended, but did not fail
         failed = s.get("failed", 0)
         return s.get("completed", 0) + failed + s.get("cancelled", 0), failed
-    ok, failed = s.get("success", {}).get("count", 0), s.get("fail", {}).get("count", 0)
-    return ok + failed, failed
+    ok, ended_badly = s.get("success", {}).get("count", 0), s.get("fail", {}).get("count", 0)
+    return ok + ended_badly, ended_badly - s.get("cancelled", 0)  # "fail" holds the cancels
 
 
 def _per_batch(s: dict[str, Any]) -> tuple[float, float]:

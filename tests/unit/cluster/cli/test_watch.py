@@ -51,6 +51,13 @@ def test_a_generative_model_counts_generations_and_sequences_per_step():
     assert v.wait_p50_s is None  # no queue waits reported: shown as "-"
 
 
+def test_cancelled_requests_count_as_ended_not_as_errors():
+    s0 = dynamic(10, 2, 12, 3, hist())
+    s1 = {**dynamic(30, 12, 42, 8, hist()), "cancelled": 8}
+    v = model_view("square", s1, s0, 2.0)
+    assert (v.req_s, v.err_s) == (15.0, 1.0)  # 30 ended, 2 of them errors
+
+
 def test_cancelled_generations_count_as_ended_not_as_errors():
     s0 = {"kind": "iterative", "completed": 4, "failed": 0, "cancelled": 0, "steps": 10,
           "mean_active_per_step": 2.0, "waiting": 0, "batch_limit": 16, "replica_info": []}
