@@ -37,7 +37,9 @@ async def measure(model: str, batches: int, batch_size: int, inflight: int,
     m = bench_models()[model].config.model_dump(mode="json")
     m["replicas"] = {**m["replicas"], "in_process": False, "max_inflight_batches": inflight,
                      "read_ahead": read_ahead}
-    pool = ReplicaPool(ModelConfig.model_validate(m), host=None)
+    config = ModelConfig.model_validate(m)
+    read_ahead = config.replicas.reads_ahead()  # never with one batch in flight
+    pool = ReplicaPool(config, host=None)
     _, client = pool._create()
     try:
         await client.info()  # built and warmed up
@@ -81,7 +83,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     for k, ahead in [(k, a) for k in args.inflight for a in args.read_ahead]:
         r = await measure(args.model, args.batches, args.batch_size, k, ahead == "on")
         print(f"{r['model']}, batches of {r['batch_size']}, {k} in flight, read ahead "
-              f"{ahead}: {r['batches_per_s']:.1f} batches/s, replica busy {r['busy']:.2f} "
+              f"{'on' if r['read_ahead'] else 'off'}: {r['batches_per_s']:.1f} batches/s, "
+              f"replica busy {r['busy']:.2f} "
               f"(mean compute {r['mean_compute_ms']:.2f} ms)", flush=True)
         out.append(r)
     return out

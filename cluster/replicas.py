@@ -30,7 +30,8 @@ class ReplicaConfig(BaseModel):
     own (one per pipeline slot): the model no longer waits for that work between two
     batches. Pays where a batch runs off the replica's CPU (a GPU; a remote call); for a
     CPU model that work competes with the model for its cores, and measured slower.
-    null (default): on for replicas with a GPU (`num_gpus` > 0), off otherwise."""
+    null (default): on for replicas with a GPU (`num_gpus` > 0), off otherwise; never with
+    `max_inflight_batches: 1`."""
     batch_timeout_s: float | None = Field(default=120.0, gt=0)
     """Seconds one batch (or generation step) may run on a replica, counted from when it
     is sent: past it the replica is taken for hung and stopped, that batch's requests
@@ -88,8 +89,9 @@ class ReplicaConfig(BaseModel):
                              "false (a replica actor of its own)")
 
     def reads_ahead(self) -> bool:
-        """Whether a replica actor reads its next batch while its model runs one."""
-        if self.in_process:
+        """Whether a replica actor reads its next batch while its model runs one (never
+        with one batch in flight: no next batch is there to read)."""
+        if self.in_process or self.max_inflight_batches < 2:
             return False
         return self.num_gpus > 0 if self.read_ahead is None else self.read_ahead
 

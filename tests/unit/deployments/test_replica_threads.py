@@ -78,10 +78,15 @@ def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_a
         assert RUN_S * 0.9 <= compute_s < RUN_S * 1.9  # its own run, not the queue before it
 
 
-@pytest.mark.parametrize("inflight", [1, 2, 3])
+@pytest.mark.parametrize("inflight", [2, 3])
 def test_a_dynamic_replica_actor_gets_a_thread_per_pipeline_slot(inflight):
     pool = ReplicaPool(config(max_inflight_batches=inflight), host=None)
     assert pool._threads() == {"max_concurrency": inflight}
+
+
+def test_one_batch_in_flight_reads_nothing_ahead():
+    c = config(max_inflight_batches=1)
+    assert not c.replicas.reads_ahead() and ReplicaPool(c, host=None)._threads() == {}
 
 
 def test_sequence_replicas_keep_one_thread():
