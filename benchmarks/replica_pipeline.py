@@ -34,7 +34,8 @@ async def measure(model: str, batches: int, batch_size: int, inflight: int,
     from cluster.config import ModelConfig
     from deployments.pool import ReplicaPool
 
-    m = bench_models()[model].config.model_dump(mode="json")
+    bench = bench_models()[model]
+    m = bench.config.model_dump(mode="json")
     m["replicas"] = {**m["replicas"], "in_process": False, "max_inflight_batches": inflight,
                      "read_ahead": read_ahead}
     config = ModelConfig.model_validate(m)
@@ -43,7 +44,7 @@ async def measure(model: str, batches: int, batch_size: int, inflight: int,
     _, client = pool._create()
     try:
         await client.info()  # built and warmed up
-        items = [x for x in bench_models()[model].payloads(batch_size)]
+        items = bench.payloads(batch_size)
         for _ in range(3):
             await client.run(items)
         computes: list[float] = []

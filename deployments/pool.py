@@ -173,7 +173,7 @@ class ReplicaPool:
         (their calls change state in the order they are sent), Ray's one thread."""
         if not reads_ahead(self._replica_class, self.config):
             return {}
-        return {"max_concurrency": max(1, self.config.replicas.max_inflight_batches)}
+        return {"max_concurrency": self.config.replicas.max_inflight_batches}  # >= 2 here
 
     def _placement(self) -> tuple[dict[str, float], dict[str, str]]:
         """The next replica's numa<N> resource and env (NUMA node, GPU order): cluster.raynode."""
