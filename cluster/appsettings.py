@@ -52,6 +52,21 @@ class IngressConfig(BaseModel):
     third less CPU per request than uvicorn under Serve; it bypasses Serve's proxy and
     HAProxy (the kernel spreads connections across a node's replicas). None: Serve's
     front only."""
+    keep_alive_s: float = Field(default=75.0, gt=0)
+    """Own HTTP server: a connection with no request under way for this long is closed."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """Own HTTP server: longest time from a request head's first byte to its last; a
+    slower head (a slowloris client) gets HTTP 408 and the connection closes."""
+    max_connections: int = Field(default=10_000, ge=1)
+    """Own HTTP server: most open connections per ingress replica; past it the one idle
+    longest (between requests, or still sending a head) is closed to make room, or the
+    new one gets HTTP 503 when every connection has a request under way."""
+    max_unsent_bytes: int = Field(default=2**20, ge=4096)
+    """Own HTTP server: bytes of answers waiting for a client to read them, past which
+    that connection is not read (nor its pipelined requests started) until it drains."""
+    max_pipelined_requests: int = Field(default=16, ge=1)
+    """Own HTTP server: requests of one connection parsed ahead of the one being
+    answered; past it the connection is not read until answers go out."""
     default_timeout_s: float | None = Field(default=None, gt=0)
     """Deadline of a request that names none; None: no deadline."""
     grpc_port: int | None = Field(default=9000, ge=1, le=65535)

@@ -183,11 +183,9 @@ class Ingress(GrpcIngress):
         mount(self.http, ingress.route_prefix)
         if ingress.native_port is not None and self.native is None:
             # Raybatch's own HTTP server on this replica's loop (deployments.http.server)
-            self.native = HttpServer(self.http.direct, host=ingress.host,
-                                     port=ingress.native_port,
-                                     max_header_bytes=ingress.max_header_bytes,
-                                     route_prefix=ingress.route_prefix,
-                                     owner=self.config.app_name, quick=self.http.quick)
+            self.native = HttpServer.from_config(self.http.direct, ingress,
+                                                 owner=self.config.app_name,
+                                                 quick=self.http.quick)
             await self.native.start()
         metrics = self.config.metrics
         if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total

@@ -11,19 +11,24 @@ zero-copy response's parts in one `writelines`); streams (SSE) go out chunked,
 one write per event. Keep-alive idleness is checked by one sweep a second for all
 connections, not a timer per request.
 
-What it keeps of a proper server: pipelined requests are answered in order, one
-at a time; a request body is buffered up to `READ_BUFFER_BYTES`, past which the
-socket stops being read until the app takes it (so a client cannot grow memory,
-and `BodyReader` still refuses a large body at the piece that crosses the limit);
-`Expect: 100-continue` is answered when the app first asks for the body; an
-`Upgrade` (WebSocket, h2c) is ignored (answered in HTTP/1.1, then closed); a client's
-end of input (FIN) still gets the answers to what it sent whole; request
-lines and headers past `max_header_bytes` get 431 (a URL past it 414) before the
-app sees them; unparsable input gets 400 and the connection closes; a client that
-goes away wakes the app's `receive` with `http.disconnect` (SSE generations end);
-writes wait while the client's socket buffer is full; an app error before the
-response starts is a 500 `{"error"}`, after it the connection closes. Connections
-idle (or sending headers) longer than `keep_alive_s` are closed.
+What it keeps of a proper server (the rules are `deployments.http.connection`'s):
+pipelined requests are answered in order, one at a time, with at most
+`max_pipelined` parsed ahead; a client that does not read its answers stops being
+read once `max_unsent_bytes` wait to go out; a request body is buffered up to
+`READ_BUFFER_BYTES`, past which the socket stops being read until the app takes it
+(and `BodyReader` still refuses a large body at the piece that crosses the limit);
+a head must arrive whole within `header_timeout_s` and stay under
+`max_header_bytes` (431, a URL 414) whether its lines end or not; framing is strict
+(RFC 9112, `deployments.http.framing`); `Expect: 100-continue` is answered when the
+app first asks for the body; an `Upgrade` (WebSocket, h2c) is ignored (answered in
+HTTP/1.1, then closed); a client's end of input (FIN) still gets the answers to what
+it sent whole, and so does a client whose later input is refused (the error comes
+after them); an error close lingers so the client reads the error, not a reset; a
+client that goes away wakes the app's `receive` with `http.disconnect` (SSE
+generations end); writes wait while the client's socket buffer is full; an app error
+before the response starts is a 500 `{"error"}`, after it the connection closes.
+Connections idle longer than `keep_alive_s` are closed; past `max_connections`, the
+longest-idle one makes room (or a new one gets 503 when none is idle).
 
 The quick lane: a POST whose whole body fits the read buffer may be taken by the
 app's `quick` (`OipApp.quick`: infer requests) once its body is whole, and answered
@@ -45,22 +50,13 @@ cycle (ASGI `receive`/`send`, framing) is `deployments.http.cycle`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import time
-from collections import deque
 from typing import Any
-from urllib.parse import unquote
 
-import httptools
-
-from deployments.http.cycle import READ_BUFFER_BYTES, Cycle, error_response
+from deployments.http.connection import FIRST_SLICE, Connection
+from deployments.http.cycle import READ_BUFFER_BYTES
 from deployments.http.portclaim import claim_port
-from deployments.protocol import error_body
-
-log = logging.getLogger("deployments.http")
-
-MAX_PIPELINED = 16  # requests parsed ahead of the one being answered
 
 
 class HttpServer:
@@ -73,7 +69,9 @@ class HttpServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0,
                  reuse_port: bool = True, keep_alive_s: float = 75.0,
                  max_header_bytes: int = 16 * 2**10, route_prefix: str = "/",
-                 owner: str | None = None, quick: Any = None) -> None:
+                 owner: str | None = None, quick: Any = None,
+                 header_timeout_s: float = 10.0, max_connections: int = 10_000,
+                 max_unsent_bytes: int = 2**20, max_pipelined: int = 16) -> None:
         self.app, self.host, self.port = app, host, port
         # The app's quick lane (`OipApp.quick`): called with a request whose body is
         # whole; True if it took it (it calls `cycle.respond` exactly once), else the
@@ -84,10 +82,27 @@ class HttpServer:
         self.root_path = route_prefix.rstrip("/")
         self.reuse_port, self.keep_alive_s = reuse_port, keep_alive_s
         self.max_header_bytes = max_header_bytes
-        self.connections: set[_Connection] = set()
+        # A head is the request line (URL up to max_header_bytes) and the headers (as
+        # many): past both, and a slice of slack, it is refused however its lines end.
+        self.max_head_bytes = 2 * max_header_bytes + FIRST_SLICE + 1024
+        self.header_timeout_s = header_timeout_s
+        self.max_connections = max_connections
+        self.max_unsent_bytes = max_unsent_bytes
+        self.max_pipelined = max_pipelined
+        self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def from_config(cls, app: Any, ingress: Any, **kwargs: Any) -> HttpServer:
+        """The server `ingress` (an `IngressConfig`) describes, on `ingress.native_port`."""
+        return cls(app, host=ingress.host, port=ingress.native_port,
+                   keep_alive_s=ingress.keep_alive_s, max_header_bytes=ingress.max_header_bytes,
+                   route_prefix=ingress.route_prefix, header_timeout_s=ingress.header_timeout_s,
+                   max_connections=ingress.max_connections,
+                   max_unsent_bytes=ingress.max_unsent_bytes,
+                   max_pipelined=ingress.max_pipelined_requests, **kwargs)
 
     async def start(self) -> None:
         """Bind and listen; `port` 0 takes a free port (read `self.port` after)."""
@@ -108,7 +123,7 @@ class HttpServer:
                                "another ingress.native_port, or null to serve through Serve "
                                "only") from e
         self.port = sock.getsockname()[1]
-        self._server = await loop.create_server(lambda: _Connection(self), sock=sock,
+        self._server = await loop.create_server(lambda: Connection(self), sock=sock,
                                                 backlog=2048)
         self._sweeper = loop.call_later(1.0, self._sweep)
 
@@ -135,11 +150,39 @@ class HttpServer:
         for c in list(self.connections):
             c.close()
 
+    def admit(self, conn: Connection) -> None:
+        """A new connection. At `max_connections`, the one that has held a slot longest
+        without a request under way (idle between requests, or still sending a head) makes
+        room; if every one has a request under way, the new one gets 503 and closes."""
+        if len(self.connections) >= self.max_connections:
+            idle = [c for c in self.connections if not c.busy]
+            if idle:
+                victim = min(idle, key=lambda c: c.head_since or c.last_read)
+                victim.close()
+                self.connections.discard(victim)
+            else:
+                conn.rejection = (503, f"this server holds {len(self.connections)} "
+                                       "connections, its limit (ingress.max_connections); "
+                                       "retry shortly")
+                conn.no_more = True
+                self.connections.add(conn)  # until its lingering close ends
+                conn.pump()
+                return
+        self.connections.add(conn)
+
     def _sweep(self) -> None:
-        """Close connections idle, or stuck sending headers, past `keep_alive_s`."""
+        """Once a second: close connections idle past `keep_alive_s`; refuse with 408 a
+        head that takes longer than `header_timeout_s` (however it trickles in); hand a
+        slow quick-lane body to the ASGI reader; end lingering closes."""
         now = time.monotonic()
         for c in list(self.connections):
-            if not c.busy and now - c.last_read > self.keep_alive_s:
+            if c.lingering is not None:
+                if now > c.lingering:
+                    c.close()
+            elif c.header_timeout(now):
+                c._refuse(408, f"the request's head took over {self.header_timeout_s} s "
+                               "(ingress.header_timeout_s); send it at once")
+            elif not c.busy and now - c.last_read > self.keep_alive_s:
                 c.close()
             elif c.busy and now - c.last_read > 1.0:
                 c.unquick()  # its body is slow: BodyReader's stall timeout applies
@@ -147,224 +190,5 @@ class HttpServer:
             self._sweeper = self._loop.call_later(1.0, self._sweep)
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: the parser, the queue of requests, the write gate."""
-
-    def __init__(self, server: HttpServer) -> None:
-        self.server = server
-        self.loop = server._loop
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: Any = None
-        self.client: tuple[str, int] | None = None
-        self.local: tuple[str, int] | None = None
-        self.cycles: deque[Cycle] = deque()  # [0] is being answered; the rest wait
-        self.parsing: Cycle | None = None  # the request whose body is arriving
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.header_bytes = 0
-        self.last_read = time.monotonic()
-        self.paused_reading = False
-        self.writable: asyncio.Event | None = None  # set while the socket takes writes
-        self.closed = False
-        self.eof = False  # the client will send nothing more
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.cycles)
-
-    # -- asyncio.Protocol ---------------------------------------------------------------
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.client = _address(transport.get_extra_info("peername"))
-        self.local = _address(transport.get_extra_info("sockname"))
-        self.server.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.server.connections.discard(self)
-        for cycle in self.cycles:
-            cycle.disconnected = True
-            cycle.wake()
-            if cycle.on_gone is not None:  # a quick-lane request: nobody waits for it now
-                gone, cycle.on_gone = cycle.on_gone, None
-                gone()
-        if self.writable is not None:
-            self.writable.set()
-
-    def data_received(self, data: bytes) -> None:
-        self.last_read = time.monotonic()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Answered as plain HTTP/1.1 (a server may ignore Upgrade), then closed: the
-            # parser reads nothing after an upgrade request.
-            if self.cycles:
-                self.cycles[-1].keep_alive = False
-                self._pause_reading()
-            else:
-                self._reject(400, "protocol upgrades (WebSocket, h2c) are not served here")
-        except httptools.HttpParserError as e:
-            why = e.__context__  # a callback's own exception (httptools wraps it)
-            if isinstance(why, _Refused):
-                self._reject(why.status, str(why))
-            else:
-                if why is not None:
-                    log.error("HTTP parser callback failed", exc_info=why)
-                self._reject(400, f"malformed HTTP request: {e}; send HTTP/1.1")
-
-    def eof_received(self) -> bool | None:
-        """The client sent all it will (a close, or a half-close after its requests):
-        what it sent whole is still answered, then the connection closes; a request cut
-        short learns the client is gone (`http.disconnect`). A client that really went
-        away is noticed at the next write (an event stream's next event)."""
-        self.eof = True
-        if not self.cycles:
-            return None  # nothing to answer: close now
-        for cycle in self.cycles:
-            if not cycle.complete:
-                cycle.disconnected = True
-                cycle.wake()
-        self.unquick()  # a quick request cut short: the app learns it through ASGI
-        return True  # keep our side open for the answers
-
-    def pause_writing(self) -> None:
-        if self.writable is None:
-            self.writable = asyncio.Event()
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        if self.writable is not None:
-            self.writable.set()
-
-    # -- httptools callbacks --------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.url, self.headers, self.header_bytes = b"", [], 0
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        if len(self.url) > self.server.max_header_bytes:
-            raise _Refused(414, f"the request URL is over {self.server.max_header_bytes} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_bytes += len(name) + len(value)
-        if self.header_bytes > self.server.max_header_bytes:
-            raise _Refused(431, f"the request headers are over {self.server.max_header_bytes}"
-                                " bytes (ingress.max_header_bytes); send fewer or smaller")
-        self.headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        parser = self.parser
-        url = httptools.parse_url(self.url)
-        raw_path = url.path
-        path = raw_path.decode("ascii", "replace")
-        if "%" in path:
-            path = unquote(path)
-        version = parser.get_http_version()
-        scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": version, "server": self.local, "client": self.client,
-            "scheme": "http", "method": parser.get_method().decode("ascii", "replace"),
-            "root_path": self.server.root_path, "path": path, "raw_path": raw_path,
-            "query_string": url.query or b"", "headers": self.headers,
-        }
-        cycle = Cycle(self, scope, parser.should_keep_alive())
-        length = None
-        for name, value in self.headers:
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding" or (
-                    name == b"expect" and value.lower() == b"100-continue"):
-                length = b"x"  # chunked, or waiting to be told to send: not quick
-                cycle.expect_100 = cycle.expect_100 or name == b"expect"
-        # The quick lane takes a POST whose whole body fits the read buffer, once read.
-        cycle.quick = (self.server.quick is not None and scope["method"] == "POST"
-                       and length is not None and length.isdigit()
-                       and int(length) <= READ_BUFFER_BYTES)
-        self.parsing = cycle
-        self.cycles.append(cycle)
-        if len(self.cycles) == 1:
-            cycle.start()
-        elif len(self.cycles) > MAX_PIPELINED:
-            self._pause_reading()
-
-    def on_body(self, body: bytes) -> None:
-        cycle = self.parsing
-        if cycle is None or cycle.answered:
-            return  # the app answered without reading it: dropped, the connection closes
-        cycle.body.append(body)
-        cycle.buffered += len(body)
-        if cycle.buffered > READ_BUFFER_BYTES:
-            self._pause_reading()
-        cycle.wake()
-
-    def on_message_complete(self) -> None:
-        cycle = self.parsing
-        self.parsing = None
-        if cycle is not None:
-            cycle.complete = True
-            if cycle.quick and self.cycles and self.cycles[0] is cycle:
-                cycle.start()  # its body is whole: the quick lane may take it now
-            else:
-                cycle.wake()
-
-    # -- helpers --------------------------------------------------------------------------
-    def unquick(self) -> None:
-        """The first request waits for its body to be whole before the quick lane sees
-        it; when that body is slow or cut short, the ASGI app reads it instead."""
-        if self.cycles:
-            cycle = self.cycles[0]
-            if cycle.quick and not cycle.started:
-                cycle.quick = False
-                cycle.start()
-
-    def _pause_reading(self) -> None:
-        if not self.paused_reading and not self.closed:
-            self.paused_reading = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.paused_reading and not self.closed:
-            self.paused_reading = False
-            self.transport.resume_reading()
-
-    def _reject(self, status: int, message: str) -> None:
-        """Unparsable or oversized input: answer it (if nothing is being answered) and
-        close; what the client sent after it cannot be trusted."""
-        if not self.closed:
-            if not self.cycles or not self.cycles[0].started:
-                self.transport.write(error_response(status, error_body(message)))
-            self.close()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.transport.close()
-
-    def done(self, cycle: Cycle) -> None:
-        """`cycle`'s response is complete: answer the next request, or close."""
-        if self.cycles and self.cycles[0] is cycle:
-            self.cycles.popleft()
-        if not (cycle.keep_alive and cycle.complete) or self.closed or (
-                self.eof and not self.cycles):
-            self.close()  # asked to, an unread body in the way, or nothing more will come
-            return
-        if self.cycles:
-            self.cycles[0].start()
-        if self.paused_reading and len(self.cycles) <= MAX_PIPELINED and not any(
-                c.buffered > READ_BUFFER_BYTES for c in self.cycles):
-            self.resume_reading()
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 __all__ = ["READ_BUFFER_BYTES", "HttpServer", "claim_port"]
 
-
-def _address(addr: Any) -> tuple[str, int] | None:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return str(addr[0]), int(addr[1])
-    return None

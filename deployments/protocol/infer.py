@@ -122,13 +122,20 @@ class InferRequest:
 def check_content_length(headers: Mapping[str, str], max_body_bytes: int) -> None:
     """Raise `PayloadTooLarge` from the Content-Length header alone, before reading the body."""
     declared = _header(headers, "content-length")
-    if declared is not None and _is_digits(declared) and int(declared) > max_body_bytes:
-        raise _too_large(int(declared), max_body_bytes)
+    if declared is not None and _is_digits(declared) and _uint(declared) > max_body_bytes:
+        raise _too_large(_uint(declared), max_body_bytes)
 
 
 def _is_digits(text: str) -> bool:
     """ASCII digits only: `str.isdigit` also accepts '²', which `int` refuses."""
     return text.isascii() and text.isdigit()
+
+
+def _uint(digits: str) -> int:
+    """`digits` (ASCII digits) as an int, past 2**63 capped there: `int` refuses strings of
+    over 4,300 digits (ValueError), and no length this server compares it with is near."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 19 else 2**63
 
 
 def parse_infer_request(
@@ -233,10 +240,10 @@ def _json_length(headers: Mapping[str, str], body_size: int) -> int | None:
         raise InvalidRequest(
             f"{INFER_HEADER_LENGTH} must be a non-negative integer, got {shown(raw)}"
         )
-    length = int(raw)
+    length = _uint(raw)
     if length == 0 or length > body_size:
         raise InvalidRequest(
-            f"{INFER_HEADER_LENGTH} is {length} but must be between 1 and the body's "
+            f"{INFER_HEADER_LENGTH} is {shown(raw)} but must be between 1 and the body's "
             f"{body_size} bytes: the length of the JSON that starts the body"
         )
     return length

@@ -219,7 +219,7 @@ def test_an_upgrade_is_answered_in_http_1_1_and_the_connection_closes():
     async def main():
         async with Served() as s:
             r, w = await s.connect()
-            w.write(b"GET /v2/health/live HTTP/1.1\r\nconnection: upgrade\r\n"
+            w.write(b"GET /v2/health/live HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\n"
                     b"upgrade: websocket\r\n\r\n")
             answer = await read_response(r)
             return answer, await asyncio.wait_for(r.read(), 5)

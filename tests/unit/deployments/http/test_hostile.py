@@ -1,0 +1,230 @@
+"""The own HTTP server against hostile and broken clients, bytes on real sockets (no Ray).
+
+The table (`hostile_cases`) pins what each malformed, oversized, pipelined or cut-off input
+gets; the tests below it hold the server's resource bounds: a client that never reads its
+answers, slowloris heads, connection caps, lingering error closes, and a pipelined burst
+of synchronous errors (which once recursed and leaked the in-flight count).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from tests.unit.deployments.http.hostile_cases import BODY, CASES, INFER, LIVE, OK_INFER
+from tests.unit.deployments.http.wire import ServerThread, exchange, request
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with ServerThread("echo") as echo, ServerThread("oip") as oip:
+        yield {"echo": echo, "oip": oip}
+
+
+@pytest.mark.parametrize(("app", "data", "statuses", "end"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_hostile_input(servers, app, data, statuses, end):
+    server = servers[app]
+    sock = server.connect(timeout_s=10)
+    try:
+        got = exchange(sock, data, half_close=end == "eof",
+                       count=None if end == "eof" else len(statuses), timeout_s=10)
+        finals = [s for s in got.statuses if s >= 200]
+        assert finals == statuses, (finals[:10], got.rest[:200])
+        for r in got.responses:
+            assert r.status < 500, r
+            if r.status >= 400:
+                assert set(r.json()) == {"error"} and r.json()["error"]
+        if end == "eof":
+            assert got.closed and not got.reset, got
+        elif end == "open":
+            after = exchange(sock, LIVE if app == "oip" else request("GET", "/after"),
+                             half_close=False, count=1)
+            assert after.statuses == [200], after
+        else:
+            rest = exchange(sock, b"", half_close=False, timeout_s=5)
+            assert rest.closed and not rest.reset and not rest.responses, rest
+    finally:
+        sock.close()
+    if app == "oip":  # every request the app took has ended
+        assert wait_for(lambda: server.call(lambda: server.app.inflight) == 0)
+
+
+def wait_for(check, timeout_s: float = 5.0) -> bool:
+    give_up = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_the_suite_is_large_and_covers_every_class():
+    prefixes = {c[0].split("-")[0] for c in CASES}
+    assert len(CASES) >= 150, len(CASES)
+    assert {"line", "host", "cl", "te", "hdr", "pipe", "expect", "upgrade", "oip",
+            "ctl"} <= prefixes
+
+
+def rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_never_reads_is_not_read_either():
+    """Pipelined infer requests pushed by a client that reads nothing: the server stops
+    reading once its answers back up, so its memory stays flat however much is pushed."""
+    block = OK_INFER * (65536 // len(OK_INFER))
+    with ServerThread("oip") as server:
+        sock = server.connect()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        before, pushed, stalled_since = rss_bytes(), 0, None
+        give_up = time.monotonic() + 20
+        while pushed < 256 * 2**20 and time.monotonic() < give_up:
+            try:  # a partial send goes on where it stopped: the stream stays whole
+                pushed += sock.send(block[pushed % len(block):])
+                stalled_since = None
+            except BlockingIOError:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 1.5:
+                    break  # the server reads no more: as it should
+                time.sleep(0.01)
+        grown = rss_bytes() - before
+        conn = server.call(lambda: next(iter(server.server.connections)))
+        paused = server.call(lambda: conn.paused_reading)
+        sock.close()
+    assert paused and pushed < 64 * 2**20, pushed
+    assert grown <= 16 * 2**20, f"memory grew {grown / 2**20:.1f} MiB for {pushed} bytes"
+
+
+def test_slowloris_heads_get_408_and_do_not_delay_others():
+    """Heads sent a byte at a time get 408 at header_timeout_s (the bytes do not reset a
+    timer); meanwhile ordinary requests are answered at once."""
+    with ServerThread("oip", header_timeout_s=1.0) as server:
+        slow = [server.connect() for _ in range(200)]
+        head = b"GET /v2/health/live HTTP/1.1\r\nhost: a\r\nx-a: "
+        latencies = []
+        for i in range(30):
+            for s in slow:
+                try:
+                    s.send(head[i % len(head):i % len(head) + 1] if i < len(head) else b"a")
+                except OSError:
+                    pass
+            t0 = time.perf_counter()
+            assert exchange(server.port, LIVE, count=1).statuses == [200]
+            latencies.append(time.perf_counter() - t0)
+            time.sleep(0.1)
+        answers = [exchange(s, b"", half_close=False, timeout_s=3) for s in slow]
+    assert all(a.statuses == [408] and a.closed for a in answers), answers[0]
+    latencies.sort()
+    print(f"ordinary requests beside 200 slowloris heads: p50 {latencies[15] * 1e3:.1f} ms,"
+          f" max {latencies[-1] * 1e3:.1f} ms")
+
+
+def test_past_max_connections_an_idle_one_makes_room_else_503():
+    with ServerThread("oip", max_connections=4) as server:
+        idle = [server.connect() for _ in range(4)]
+        time.sleep(0.1)
+        assert exchange(server.port, LIVE, count=1).statuses == [200]  # one idle closed
+        closed = sum(exchange(s, b"", half_close=False, timeout_s=0.5).closed for s in idle)
+        assert closed >= 1
+        server.call(lambda: server.backend.step.clear())  # infer requests now wait
+        busy = [server.connect() for _ in range(4)]
+        for s in busy:
+            s.sendall(OK_INFER)
+        assert wait_for(lambda: server.call(lambda: server.app.inflight) == 4)
+        refused = exchange(server.port, LIVE)
+        server.call(lambda: server.backend.step.set())
+        answered = [exchange(s, b"", half_close=False, count=1) for s in busy]
+    assert refused.statuses == [503] and refused.closed, refused
+    assert all(a.statuses == [200] for a in answered)
+
+
+def test_an_error_close_lingers_so_a_client_still_sending_reads_the_413():
+    """A body over the limit gets 413 at once; the client, still sending, must read it
+    rather than a reset (the server reads and drops the rest for a moment)."""
+    with ServerThread("oip", limits={"max_body_bytes": 4096}) as server:
+        sock = server.connect()
+        sock.sendall(raw_head := request("POST", INFER, b"", content_length=str(2**20)))
+        assert raw_head
+        sent = 0
+        try:
+            while sent < 2**20:
+                sent += sock.send(b"x" * 65536)
+        except OSError:
+            pass
+        got = exchange(sock, b"", half_close=False, timeout_s=5)
+        sock.close()
+    assert got.statuses == [413] and not got.reset, got
+
+
+def test_expect_100_continue_is_answered_at_once_in_either_header_order():
+    with ServerThread("echo") as server:
+        for head in (b"expect: 100-continue\r\ncontent-length: 5\r\n",
+                     b"content-length: 5\r\nexpect: 100-continue\r\n"):
+            sock = server.connect()
+            t0 = time.monotonic()
+            sock.sendall(b"POST /x HTTP/1.1\r\nhost: a\r\n" + head + b"\r\n")
+            first = sock.recv(100)
+            waited = time.monotonic() - t0
+            got = exchange(sock, b"hello", half_close=False, count=1)
+            sock.close()
+            assert first.startswith(b"HTTP/1.1 100 Continue"), first
+            assert waited < 0.5, waited  # not at the next one-second sweep
+            assert got.statuses == [200] and got.responses[0].json()["length"] == 5
+
+
+def test_no_100_continue_to_an_http_10_client():
+    with ServerThread("echo") as server:
+        got = exchange(server.port, b"POST /x HTTP/1.0\r\nexpect: 100-continue\r\n"
+                                    b"content-length: 5\r\n\r\nhello")
+    assert [r.status for r in got.responses] == [200]
+
+
+def test_trailers_never_change_the_request_headers():
+    """An infer body in chunks whose trailer says the body is binary and gzipped: the
+    trailer is dropped, so the body is read as the JSON it is."""
+    with ServerThread("oip") as server:
+        got = exchange(server.port, b"POST " + INFER.encode() + b" HTTP/1.1\r\nhost: a\r\n"
+                       b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n"
+                       b"inference-header-content-length: 3\r\ncontent-encoding: gzip\r\n"
+                       b"\r\n" % (len(BODY), BODY), count=1)
+    assert got.statuses == [200] and got.responses[0].json()["outputs"][0]["data"] == [9.0]
+
+
+def test_a_pipelined_burst_of_errors_is_answered_whole_and_leaks_nothing():
+    """One infer then 500 requests the quick lane refuses at once, in one write: 501
+    answers in order (no recursion), and the in-flight count is back to 0."""
+    with ServerThread("oip") as server:
+        got = exchange(server.port, OK_INFER + request("POST", INFER, b"{") * 500)
+        inflight = server.call(lambda: server.app.inflight)
+        after = exchange(server.port, request("POST", INFER, BODY), count=1)
+    assert got.statuses == [200] + [400] * 500 and got.closed
+    assert inflight == 0 and after.statuses == [200]
+    assert after.responses[0].json()["outputs"][0]["data"] == [9.0]
+
+
+def test_requests_parsed_ahead_are_bounded_within_one_read():
+    """A 100 KB write of tiny pipelined requests: while the first is held, the server has
+    parsed at most max_pipelined_requests plus one slice's worth of them."""
+    with ServerThread("oip", max_pipelined=16) as server:
+        server.call(lambda: server.backend.step.clear())
+        sock = server.connect()
+        sock.sendall(OK_INFER + LIVE * (100_000 // len(LIVE)))
+        assert wait_for(lambda: server.call(lambda: server.app.inflight) == 1)
+        time.sleep(0.2)
+        parsed = server.call(lambda: max(len(c.cycles) for c in server.server.connections))
+        server.call(lambda: server.backend.step.set())
+        got = exchange(sock, b"", half_close=True, timeout_s=10)
+        sock.close()
+    assert parsed <= 16 + 4096 // len(LIVE) + 1, parsed
+    assert got.statuses == [200] * (1 + 100_000 // len(LIVE))
+
+
