@@ -1,0 +1,197 @@
+"""Differential fuzzing of the own HTTP server's framing against h11 (the reference).
+
+Hypothesis (derandomized: the same streams every run) builds byte streams of one to
+four requests from parts that servers disagree on: versions, targets, Host, Content-
+Length and Transfer-Encoding values, chunk sizes and extensions, trailers, obs-fold and
+bare LF, control bytes, connection options, bodies too short or too long, and random
+corruption. Each stream goes to the server (with an app that echoes what it framed:
+method, target, body) and, for reference, through h11 as a server. The server passes
+when every request it answered 200 is the one h11 framed at that position (same
+method, target, body), it never answers a request h11 did not frame whole, it answers
+every request h11 framed unless it refused input before it with a 4xx (stricter than
+h11 is allowed), and it never answers 5xx or hangs.
+
+RAYBATCH_FUZZ_STREAMS sets the number of streams (10,000 by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import h11
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.deployments.http.wire import ServerThread, exchange
+
+STREAMS = int(os.environ.get("RAYBATCH_FUZZ_STREAMS", "10000"))
+
+METHODS = ([b"GET", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"],
+           [b"get", b"G\x00T", b"", b"G(T"])
+TARGETS = ([b"/", b"/a", b"/a/b?c=d&e", b"/%41%zz", b"/a#frag", b"http://h/x?y", b"//x",
+            b"/" + b"a" * 300], [b"*", b"/a b", b"/\x01", b"a:1", b""])
+VERSIONS = ([b"HTTP/1.1"], [b"HTTP/1.0", b"HTTP/1.2", b"HTTP/2.0", b"HTTP/1.1 ", b"HTTP/1",
+                            b"http/1.1", b""])
+LENGTHS = ([b"0", b"3", b"5", b"12", b"005", b" 5", b"5 "],
+           [b"-1", b"+5", b"5, 5", b"0x5", b"99999999999999999999", b"", b"abc"])
+CODINGS = ([b"chunked", b"Chunked"], [b"gzip, chunked", b"chunked, gzip", b"identity",
+                                      b"xchunked", b" chunked", b"", b"chunked;q=1"])
+NAMES = ([b"x-a", b"accept", b"x-Long-Name", b"content-type"], [b"x a", b"x\x7fa", b"", b"x:a"])
+VALUES = ([b"v", b"", b"  padded  ", b"caf\xe9", b"a\tb", b"x" * 200], [b"a\x00b", b"a\rb"])
+EXTRAS = ([b"connection: keep-alive", b"expect: 100-continue", b"connection: close"],
+          [b" folded", b"\tfolded", b"no-colon", b"x-a : b", b"host: h2"])
+
+
+def pick(draw, choices: tuple[list, list], bad_in: int = 12) -> bytes:
+    """A good value, or (one time in `bad_in`) a bad one."""
+    good, bad = choices
+    return draw(st.sampled_from(bad if draw(st.integers(0, bad_in - 1)) == 0 else good))
+
+
+@st.composite
+def header_lines(draw) -> tuple[list[bytes], str, int]:
+    """Header lines, and the framing they ask for: ('length', n), ('chunked', 0), ('none', 0)."""
+    lines: list[bytes] = [b"host: h"] if draw(st.integers(0, 15)) else []
+    framing, n = "none", 0
+    kind = draw(st.sampled_from(["none", "length", "length", "chunked", "chunked"] * 4 +
+                                ["both", "length2"]))
+    if kind in ("length", "both", "length2"):
+        value = pick(draw, LENGTHS)
+        lines.append(b"content-length: " + value)
+        if kind == "length2":
+            lines.append(b"content-length: " + pick(draw, LENGTHS, 3))
+        stripped = value.strip()
+        framing, n = "length", int(stripped) if stripped.isdigit() and len(stripped) < 6 else 0
+    if kind in ("chunked", "both"):
+        lines.append(b"transfer-encoding: " + pick(draw, CODINGS))
+        framing = "chunked"
+    for _ in range(draw(st.integers(0, 3))):
+        lines.append(pick(draw, NAMES, 20) + b": " + pick(draw, VALUES, 20))
+    if draw(st.integers(0, 3)) == 0:
+        lines.append(pick(draw, EXTRAS, 4))
+    return draw(st.permutations(lines)), framing, n
+
+
+@st.composite
+def message(draw) -> bytes:
+    eol = b"\n" if draw(st.integers(0, 30)) == 0 else b"\r\n"
+    line = b" ".join([pick(draw, METHODS, 30), pick(draw, TARGETS, 30),
+                      pick(draw, VERSIONS, 20)])
+    lines, framing, n = draw(header_lines())
+    head = eol.join([line, *lines]) + eol + eol
+    crlf = [b"\r\n"], [b"", b"\n", b"\r"]
+    if framing == "length":
+        exact = draw(st.integers(0, 9)) > 0
+        body = draw(st.binary(min_size=n if exact else max(0, n - 2),
+                              max_size=n if exact else n + 2))
+    elif framing == "chunked":
+        body = b""
+        for _ in range(draw(st.integers(0, 3))):
+            chunk = draw(st.binary(min_size=1, max_size=20))
+            size = b"%x" % len(chunk)
+            size = pick(draw, ([size, size.upper(), size + b";e=1", b"0" + size],
+                               [size + b" ", b"z", b"-1", b"f" * 20]), 20)
+            body += size + b"\r\n" + chunk + pick(draw, crlf, 30)
+        body += b"0\r\n" + pick(draw, ([b"", b"x-t: 1\r\n"],
+                                        [b"content-length: 3\r\n", b"bad trailer\r\n"]), 8)
+        body += pick(draw, crlf, 30)
+    else:
+        body = b"stray" if draw(st.integers(0, 20)) == 0 else b""
+    return head + body
+
+
+@st.composite
+def stream(draw) -> bytes:
+    data = draw(st.sampled_from([b"", b"", b"", b"\r\n"])) + b"".join(
+        draw(st.lists(message(), min_size=1, max_size=4)))
+    if draw(st.integers(0, 9)) == 0:  # random corruption
+        data = bytearray(data)
+        for _ in range(draw(st.integers(1, 3))):
+            if data:
+                i = draw(st.integers(0, len(data) - 1))
+                data[i] = draw(st.integers(0, 255))
+        data = bytes(data)
+    return data
+
+
+def h11_frames(data: bytes) -> list[tuple[str, str, int, str]]:
+    """What h11, as a server, frames of `data`: (method, target, body length, sha1).
+    Empty lines before the first request line are dropped first: RFC 9112 2.2 asks a
+    server to ignore at least one, as llhttp does and h11 does not."""
+    while data.startswith(b"\r\n"):
+        data = data[2:]
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    out: list[tuple[str, str, int, str]] = []
+    current, body = None, b""
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return out
+        if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+            return out
+        if event is h11.PAUSED:
+            conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+            conn.send(h11.EndOfMessage())
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                return out  # the request asked to close
+            continue
+        if isinstance(event, h11.Request):
+            current, body = (event.method.decode(), _normal(event.target)), b""
+            if conn.their_state is h11.DONE:  # no body at all
+                pass
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            out.append((*current, len(body), hashlib.sha1(body).hexdigest()))
+
+
+def _normal(target: bytes) -> str:
+    """A target as the server's app sees it: origin-form, no fragment."""
+    if target.lower().startswith((b"http://", b"https://")):
+        rest = target.split(b"//", 1)[1]
+        target = b"/" + rest.split(b"/", 1)[1] if b"/" in rest else b"/"
+    return target.split(b"#", 1)[0].decode("latin-1")
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    with ServerThread("echo", header_timeout_s=5.0) as server:
+        yield server
+
+
+def test_the_reference_frames_what_it_should():
+    """The oracle itself: h11 frames two pipelined requests, a chunked body, and stops
+    at garbage."""
+    two = b"GET /a HTTP/1.1\r\nhost: h\r\n\r\nPOST /b HTTP/1.1\r\nhost: h\r\ncontent-length: 2" \
+          b"\r\n\r\nhi"
+    assert [f[:3] for f in h11_frames(two)] == [("GET", "/a", 0), ("POST", "/b", 2)]
+    chunked = b"POST /c HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0" \
+              b"\r\n\r\n\x00garbage\r\n\r\n"
+    assert [f[:3] for f in h11_frames(chunked)] == [("POST", "/c", 2)]
+
+
+@settings(max_examples=STREAMS, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=stream())
+def test_the_server_frames_as_h11_does_or_is_stricter(echo_server, data):
+    reference = h11_frames(data)
+    got = exchange(echo_server.port, data, timeout_s=8)
+    finals = [r for r in got.responses if r.status >= 200]
+    assert got.closed or got.reset, f"no close after the stream: {data!r}"
+    assert all(r.status < 500 for r in finals), (data, [r.status for r in finals])
+    ok = [r for r in finals if r.status == 200]
+    assert [r.status for r in finals[:len(ok)]] == [200] * len(ok), \
+        (data, [r.status for r in finals])  # a refusal ends the connection
+    framed = [(e["method"], e["target"], e["length"], e["sha"]) for e in (r.json() for r in ok)]
+    assert framed == reference[:len(framed)], (data, framed, reference)
+    refused = len(finals) > len(ok)
+    assert len(framed) == len(reference) or refused, \
+        f"answered {len(framed)} of the {len(reference)} requests h11 frames, refused none: " \
+        f"{data!r}"
