@@ -15,7 +15,7 @@ ingress sets `grpc_servicer` and inherits these.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from batching.errors import RaybatchError
@@ -24,6 +24,7 @@ from deployments.grpc import messages
 from deployments.grpc.codec import check_outputs, read_infer_request, write_infer_response
 from deployments.grpc.status import grpc_status
 from deployments.grpc.stubs import service_pb2 as pb
+from deployments.protocol.metadata import DEFAULT_EXTENSIONS, package_version
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,14 @@ class GrpcServicer:
                  models: Callable[[], Iterable[ServedModel]],
                  is_ready: Callable[[ServedModel], Awaitable[bool]],
                  stats: Callable[[ServedModel], Awaitable[dict[str, Any]]],
-                 max_bytes: int, server: tuple[str, str] = ("raybatch", "0.1.0")) -> None:
+                 max_bytes: int, server_name: str = "raybatch",
+                 extensions: Sequence[str] = DEFAULT_EXTENSIONS) -> None:
         self._get = get_model
         self._models = models
         self._is_ready = is_ready
         self._stats = stats
         self._max_bytes = max_bytes
-        self._server = server
+        self._server = (server_name, package_version(), tuple(extensions))
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

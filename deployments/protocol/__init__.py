@@ -43,6 +43,8 @@ from deployments.protocol.metadata import (
     metadata_json,
     model_config_json,
     model_stat_json,
+    package_version,
+    served_extensions,
     server_metadata_json,
     stats_json,
 )
@@ -74,7 +76,9 @@ __all__ = [
     "model_config_json",
     "model_stat_json",
     "parse_generate_body",
+    "package_version",
     "parse_infer_request",
+    "served_extensions",
     "server_metadata_json",
     "shown",
     "sse_event",

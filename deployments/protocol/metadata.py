@@ -16,15 +16,38 @@ Field names of every body are Triton's, exactly, so its clients parse them.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from batching.errors import InvalidRequest
 from deployments.protocol.datatypes import check_datatype
 
-# Extensions `server_metadata_json` reports unless told otherwise.
-DEFAULT_EXTENSIONS = ("binary_tensor_data", "statistics")
+# Extensions every Raybatch server serves (on HTTP and gRPC alike); `served_extensions`
+# adds those that depend on the models. `model_repository`: the index only (no load or
+# unload: models are the config's).
+DEFAULT_EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics")
+
+
+def served_extensions(kinds: Iterable[str]) -> tuple[str, ...]:
+    """The extensions a server of models of these batching kinds serves: `sequence`
+    where a stateful model is served, `generate` where a generative one is.
+
+    >>> served_extensions(["dynamic", "sequence"])
+    ('binary_tensor_data', 'model_repository', 'statistics', 'sequence')
+    """
+    kinds = set(kinds)
+    return DEFAULT_EXTENSIONS + tuple(
+        ext for kind, ext in (("sequence", "sequence"), ("iterative", "generate"))
+        if kind in kinds)
+
+
+def package_version() -> str:
+    """Raybatch's version, as the server metadata reports it."""
+    try:
+        return importlib.metadata.version("raybatch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +179,7 @@ def server_metadata_json(
 ) -> dict[str, Any]:
     """The OIP server metadata body for `GET /v2`; version defaults to the package's."""
     if version is None:
-        try:
-            version = importlib.metadata.version("raybatch")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
+        version = package_version()
     return {"name": name, "version": version, "extensions": list(extensions)}
 
 

@@ -5,6 +5,7 @@ each bundle in process), and come back as tritonclient reads them."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import re
 
 import grpc
@@ -74,7 +75,7 @@ class UnknownModel(RaybatchError):
     http_status = 404
 
 
-def servicer(models, ready=True) -> GrpcServicer:
+def servicer(models, ready=True, **server) -> GrpcServicer:
     def get(name, version):
         if name not in models:
             raise UnknownModel(f"unknown model {name!r}")
@@ -88,7 +89,7 @@ def servicer(models, ready=True) -> GrpcServicer:
                 "compute_s_by_size": {2: 0.001, 4: 0.002},
                 "success": {"count": 3, "s": 0.01}}
 
-    return GrpcServicer(get, models.values, is_ready, stats, max_bytes=1 << 20)
+    return GrpcServicer(get, models.values, is_ready, stats, max_bytes=1 << 20, **server)
 
 
 def call(svc, method: str, request, context=None):
@@ -214,3 +215,12 @@ def test_health_metadata_config_and_statistics(models):
     context = Context()
     call(svc, "ModelConfig", pb.ModelConfigRequest(name="nope"), context)
     assert context.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_server_metadata_is_the_configured_name_and_extensions():
+    meta = call(servicer({}), "ServerMetadata", pb.ServerMetadataRequest())
+    assert meta.name == "raybatch" and meta.version == importlib.metadata.version("raybatch")
+    assert list(meta.extensions) == ["binary_tensor_data", "model_repository", "statistics"]
+    svc = servicer({}, server_name="triton", extensions=("statistics", "sequence"))
+    meta = call(svc, "ServerMetadata", pb.ServerMetadataRequest())
+    assert (meta.name, list(meta.extensions)) == ("triton", ["statistics", "sequence"])

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from deployments.http import OipApp
 from deployments.protocol import INFER_HEADER_LENGTH
 from tests.unit.deployments.http.fakes import (
     FOREVER,
     NEVER_ENDS,
+    FakeBackend,
     call,
     infer_body,
     make_app,
@@ -211,3 +213,11 @@ def test_a_model_error_is_500_without_internals():
     backend.fail_with = KeyError("/srv/internal/state")
     r = run(call(app, "POST", INFER, infer_body([1.0])))
     assert r.status == 500 and "/srv" not in r.error() and "KeyError" in r.error()
+
+
+def test_server_metadata_says_the_name_and_extensions_it_was_given():
+    app, _ = make_app()
+    assert run(call(app, "GET", "/v2")).json()["name"] == "raybatch"
+    named = OipApp(FakeBackend(), name="triton", extensions=("statistics", "sequence"))
+    body = run(call(named, "GET", "/v2")).json()
+    assert (body["name"], body["extensions"]) == ("triton", ["statistics", "sequence"])
