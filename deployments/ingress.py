@@ -34,6 +34,7 @@ from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount
 from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
+from deployments.protocol.wording import unknown_model, unknown_version
 from deployments.stats import model_counters_json
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
@@ -110,10 +111,9 @@ class ServeBackend:
             self.drain.check()  # every model call comes here: 503 once draining
         m = self.by_name.get(name)
         if m is None:
-            raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.by_name)}")
+            raise UnknownModel(unknown_model(name, self.by_name))
         if version not in (None, "", m.config.version):
-            raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
-                               f"{version!r}: leave the version out or ask for that one")
+            raise UnknownModel(unknown_version(name, version, m.config.version))
         return m
 
     # -- deployments.http.Backend ----------------------------------------------------------

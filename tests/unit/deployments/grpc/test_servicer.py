@@ -26,6 +26,7 @@ from batching.model import run_batch
 from cluster.config import load_config
 from deployments.grpc import GrpcServicer
 from deployments.models import Square, TwoTower
+from deployments.protocol.wording import unknown_model
 from deployments.route import ModelRoute
 from tests.conftest import APP_CONFIG
 
@@ -78,7 +79,7 @@ class UnknownModel(RaybatchError):
 def servicer(models, ready=True, **server) -> GrpcServicer:
     def get(name, version):
         if name not in models:
-            raise UnknownModel(f"unknown model {name!r}")
+            raise UnknownModel(unknown_model(name, models))
         return models[name]
 
     async def is_ready(m):
@@ -143,14 +144,15 @@ def test_typed_contents_work_like_raw_ones_and_outputs_select_what_comes_back(mo
 
 @pytest.mark.parametrize("mutate, code, match", [
     (lambda r: r.inputs[0].__setattr__("datatype", "FP64"), "INVALID_ARGUMENT",
-     "input 'query' has datatype FP64 but model 'twotower' expects FP32"),
+     "inference input 'query' data-type is 'FP64', but model 'twotower' expects 'FP32'"),
     (lambda r: r.inputs[0].__setattr__("name", "nope"), "INVALID_ARGUMENT",
-     "model 'twotower' has no input 'nope'"),
+     "unexpected inference input 'nope' for model 'twotower'"),
     (lambda r: r.inputs.pop(), "INVALID_ARGUMENT", r"raw_input_contents has 2 entries for 1"),
     (lambda r: r.raw_input_contents.__setitem__(1, b"\0" * 12), "INVALID_ARGUMENT",
      "input 'doc': binary_data_size is 12 bytes"),
     (lambda r: r.outputs.add(name="nope"), "INVALID_ARGUMENT", "has no output 'nope'"),
-    (lambda r: r.__setattr__("model_name", "nope"), "NOT_FOUND", "unknown model 'nope'"),
+    (lambda r: r.__setattr__("model_name", "nope"), "NOT_FOUND",
+     "Request for unknown model: 'nope' is not found"),
     (lambda r: r.parameters["priority"].__setattr__("string_param", "high"),
      "INVALID_ARGUMENT", "parameter 'priority' must be a non-negative integer"),
 ])

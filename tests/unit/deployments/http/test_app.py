@@ -61,9 +61,10 @@ def test_an_output_json_cannot_carry_is_refused_with_the_fix():
 
 
 @pytest.mark.parametrize(("method", "path", "status", "words"), [
-    ("POST", "/v2/models/nope/infer", 404, "unknown model 'nope'"),
-    ("GET", "/v2/models/nope/config", 404, "unknown model 'nope'"),
-    ("GET", "/v2/models/square/versions/9", 404, "unknown model"),
+    ("POST", "/v2/models/nope/infer", 404, "Request for unknown model: 'nope' is not found"),
+    ("GET", "/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not found"),
+    ("GET", "/v2/models/square/versions/9", 404,
+     "Request for unknown model: 'square' version 9 is not found"),
     ("GET", INFER, 405, "GET is not allowed"),
     ("DELETE", INFER, 405, "DELETE is not allowed"),
     ("GET", "/v2/models//infer", 404, "no route"),
