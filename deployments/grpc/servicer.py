@@ -24,7 +24,11 @@ from deployments.grpc import messages
 from deployments.grpc.codec import check_outputs, read_infer_request, write_infer_response
 from deployments.grpc.status import grpc_status
 from deployments.grpc.stubs import service_pb2 as pb
-from deployments.protocol.metadata import DEFAULT_EXTENSIONS, package_version
+from deployments.protocol.metadata import (
+    DEFAULT_EXTENSIONS,
+    package_version,
+    repository_index_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +96,13 @@ class GrpcServicer:
 
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def index() -> pb.RepositoryIndexResponse:
-            out = pb.RepositoryIndexResponse()
-            for m in self._models():
-                ready = await self._is_ready(m)
-                out.models.add(name=m.config.name, version=m.config.version,
-                               state="READY" if ready else "UNAVAILABLE")
-            return out
+            models = list(self._models())
+            ready = [await self._is_ready(m) for m in models]
+            index = repository_index_json(
+                ((m.config.name, m.config.version, ok) for m, ok in zip(models, ready)),
+                request.ready)
+            return pb.RepositoryIndexResponse(
+                models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index])
         return await _guard(context, pb.RepositoryIndexResponse, index)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:

@@ -20,8 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from batching.errors import InvalidRequest
 from deployments.protocol.datatypes import check_datatype
+from deployments.protocol.limits import shown
 
 # Extensions every Raybatch server serves (on HTTP and gRPC alike); `served_extensions`
 # adds those that depend on the models. `model_repository`: the index only (no load or
@@ -170,6 +173,36 @@ def model_config_json(spec: ModelSpec, extra: Mapping[str, Any] | None = None) -
 def _config_tensor(t: TensorSpec, skip: int) -> dict[str, Any]:
     data_type = "TYPE_STRING" if t.datatype == "BYTES" else f"TYPE_{t.datatype}"
     return {"name": t.name, "data_type": data_type, "dims": list(t.shape[skip:])}
+
+
+def repository_index_json(models: Iterable[tuple[str, str, bool]],
+                          ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's repository index (`POST /v2/repository/index`, gRPC `RepositoryIndex`):
+    each served model's name, version and state, from (name, version, ready) triples;
+    `ready_only` keeps the ready ones (the request's `"ready": true`).
+
+    >>> repository_index_json([("a", "1", True), ("b", "1", False)], ready_only=True)
+    [{'name': 'a', 'version': '1', 'state': 'READY'}]
+    """
+    return [{"name": name, "version": version, "state": "READY" if ready else "UNAVAILABLE"}
+            for name, version, ready in models if ready or not ready_only]
+
+
+def read_index_request(body: bytes) -> bool:
+    """The `ready` filter of a repository index request body (empty: no filter)."""
+    if not body.strip():
+        return False
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = body  # shown as it came
+    if not isinstance(doc, dict) or set(doc) - {"ready"}:
+        raise InvalidRequest('a repository index body is empty or {"ready": true|false}, '
+                             f"got {shown(doc)}")
+    ready = doc.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidRequest(f"'ready' must be true or false, got {shown(ready)}")
+    return ready
 
 
 def server_metadata_json(

@@ -226,3 +226,14 @@ def test_server_metadata_is_the_configured_name_and_extensions():
     svc = servicer({}, server_name="triton", extensions=("statistics", "sequence"))
     meta = call(svc, "ServerMetadata", pb.ServerMetadataRequest())
     assert (meta.name, list(meta.extensions)) == ("triton", ["statistics", "sequence"])
+
+
+def test_the_repository_index_is_the_https_and_filters_the_ready_ones(models):
+    every = call(servicer(models, ready=False), "RepositoryIndex", pb.RepositoryIndexRequest())
+    assert [(m.name, m.version, m.state) for m in every.models] == [
+        ("twotower", "1", "UNAVAILABLE"), ("square", "1", "UNAVAILABLE")]
+    ready = call(servicer(models, ready=False), "RepositoryIndex",
+                 pb.RepositoryIndexRequest(ready=True))
+    assert list(ready.models) == []
+    ready = call(servicer(models), "RepositoryIndex", pb.RepositoryIndexRequest(ready=True))
+    assert [m.state for m in ready.models] == ["READY", "READY"]

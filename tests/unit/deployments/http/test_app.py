@@ -222,3 +222,28 @@ def test_server_metadata_says_the_name_and_extensions_it_was_given():
     named = OipApp(FakeBackend(), name="triton", extensions=("statistics", "sequence"))
     body = run(call(named, "GET", "/v2")).json()
     assert (body["name"], body["extensions"]) == ("triton", ["statistics", "sequence"])
+
+
+def test_the_repository_index_lists_every_model_and_filters_the_ready_ones():
+    app, backend = make_app()
+    backend.not_ready.add("echo")
+    index = "/v2/repository/index"
+    every = run(call(app, "POST", index, b"")).json()  # tritonclient sends no body
+    assert every == [{"name": "square", "version": "1", "state": "READY"},
+                     {"name": "echo", "version": "1", "state": "UNAVAILABLE"},
+                     {"name": "words", "version": "1", "state": "READY"}]
+    assert run(call(app, "POST", index, b'{"ready": false}')).json() == every
+    ready = run(call(app, "POST", index, b'{"ready": true}')).json()
+    assert [m["name"] for m in ready] == ["square", "words"]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b"[1]", "is empty or {\"ready\": true|false}"),
+    (b'{"ready": 1}', "'ready' must be true or false, got 1"),
+    (b'{"ready": true, "x": 1}', "is empty or"),
+    (b"{", "is empty or"),
+])
+def test_a_bad_repository_index_body_is_a_400_saying_what_it_takes(body, words):
+    app, _ = make_app()
+    r = run(call(app, "POST", "/v2/repository/index", body))
+    assert r.status == 400 and words in r.error()
