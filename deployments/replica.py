@@ -106,7 +106,7 @@ class ModelReplica:
         self.model = instantiate(target, (), dict(self.config.init_kwargs))
         self.model.setup(self.device)
         setup_s = time.perf_counter() - started
-        warmup = warm_up(self.config, self.model) if self.config.batching.kind == "dynamic" \
+        warmup = warm_up(self.config, self.model) if self.config.batching.kind != "iterative" \
             else {"batch_sizes": [], "warmup_s": 0.0}
         self.ready = {"setup_s": round(setup_s, 3), **warmup,
                       "ready_s": round(time.perf_counter() - started, 3)}

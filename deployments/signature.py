@@ -221,19 +221,36 @@ def _pad(t: TensorConfig) -> Any:
     return value.encode("utf-8") if isinstance(value, str) else value
 
 
+# A BYTES input's warm-up element when warmup.data names none: a decimal zero, which
+# numeric-string models parse and text models read as text.
+WARMUP_BYTES = b"0"
+
+
 def _warm_array(t: TensorConfig, size: int, warmup: WarmupConfig) -> np.ndarray:
     if t.name in warmup.data:
         item = warmup.data[t.name]
-        if t.datatype == "BYTES":
-            raw = np.asarray(item, dtype=object)
-            one = _bytes_array(raw.ravel().tolist(), raw.shape)
-        else:
-            one = np.asarray(item, dtype=NUMPY_DTYPES[t.datatype])
+        where = f"warmup.data[{t.name!r}]"
+        try:
+            if t.datatype == "BYTES":
+                raw = np.asarray(item, dtype=object)
+                one = _bytes_array(raw.ravel().tolist(), raw.shape)
+            else:
+                one = np.asarray(item, dtype=NUMPY_DTYPES[t.datatype])
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ModelError(f"{where} is not {t.datatype} data ({e}): give one item as "
+                             "(nested) lists of numbers, true/false for BOOL, strings for "
+                             "BYTES") from None
+        item_shape = t.shape[1:]
+        if one.ndim != len(item_shape) or any(
+                want not in (-1, got) for got, want in zip(one.shape, item_shape)):
+            raise ModelError(f"{where} has shape {list(one.shape)}, but one item of input "
+                             f"{t.name!r} has shape {list(item_shape)} (-1 = any size): "
+                             "give one item, without the batch dim")
         return np.repeat(one[None], size, axis=0)
     dims = list(warmup.dims.get(t.name, ()))
     shape = [size] + [d if d != -1 else (dims.pop(0) if dims else 1) for d in t.shape[1:]]
     if t.datatype == "BYTES":
-        return _bytes_array([b"warm-up"] * int(np.prod(shape)), tuple(shape))
+        return _bytes_array([WARMUP_BYTES] * int(np.prod(shape)), tuple(shape))
     return np.zeros(shape, dtype=NUMPY_DTYPES[t.datatype])
 
 
