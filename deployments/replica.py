@@ -25,7 +25,7 @@ the series comes from the node the model runs on. The same class, built with
 `in_process=True`, is an in-process replica (`deployments.inprocess`): then it
 never pins, since the process is its host's.
 
-Before it reports ready, a replica of a dynamic model warms up (Triton's
+Before it reports ready, a replica of a dynamic or stateful model warms up (Triton's
 model_warmup, `deployments.warmup`): it runs synthesized or configured batches of
 the configured sizes, and checks the model's answers against the declared outputs.
 A replica that cannot build its model or whose model does not fit its tensors does
