@@ -58,10 +58,10 @@ from batching.iterative.scheduler import GenerateRequest, IterativeScheduler
 from batching.latency import LatencyModel
 from batching.ledger import ItemFailed, Ledger, Outcome
 from batching.metrics import MemoryRecorder, NullRecorder, Recorder
-from batching.model import VectorTransformer
+from batching.model import VectorTransformer, as_batch
 from batching.sequence.batcher import SequenceBatcher, SequenceRequest
 from batching.sequence.policy import SequencePolicy, SequenceStrategy
-from batching.sequence.stateful import StatefulTransformer, StateStore
+from batching.sequence.stateful import SequenceBatchInput, StatefulTransformer, StateStore
 from batching.stats import BatchStats
 from batching.tensors import Collate, Ragged, TensorBatch
 from batching.types import Batch, Failure, FlushReason, Part, Request, RequestId
@@ -101,6 +101,7 @@ __all__ = [
     "Recorder",
     "Request",
     "RequestId",
+    "SequenceBatchInput",
     "SequenceBatcher",
     "SequenceLost",
     "SequencePolicy",
@@ -115,6 +116,7 @@ __all__ = [
     "UnknownSequence",
     "VectorTransformer",
     "WorkerDied",
+    "as_batch",
 ]
 
 

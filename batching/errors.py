@@ -10,6 +10,10 @@ from __future__ import annotations
 import pickle
 import traceback
 
+# How a full queue's message starts: Triton's words (`Exceeds maximum queue size`), so
+# clients that look for them find them; Raybatch's hint follows.
+QUEUE_FULL = "Exceeds maximum queue size"
+
 
 class RaybatchError(Exception):
     """Base class of every error Raybatch raises on purpose."""

@@ -43,6 +43,9 @@ class IngressConfig(BaseModel):
     Retry-After. It bounds the fast path too, where Serve's max_ongoing_requests does
     not look."""
     route_prefix: str = "/"
+    server_name: str = Field(default="raybatch", min_length=1, max_length=64)
+    """The server's name in `GET /v2` and gRPC `ServerMetadata`; `triton` for clients that
+    check they talk to Triton (Triton's example programs do)."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     native_port: int | None = Field(default=None, ge=1, le=65535)

@@ -76,8 +76,9 @@ class WarmupConfig(BaseModel):
     dims: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     """Per input, the sizes of its -1 dims after the batch dim (default: 1 each)."""
     data: dict[str, Any] = Field(default_factory=dict)
-    """Per input, one item's value (nested lists, or a string for BYTES), repeated to
-    each batch size; inputs not named get zeros ("warm-up" for BYTES)."""
+    """Per input, one item's value (the input's shape without the batch dim: nested lists
+    of numbers, true/false for BOOL, strings for BYTES), repeated to each batch size;
+    inputs not named get zeros ("0" for BYTES). README, "Warm-up", has one per datatype."""
 
     @field_validator("batch_sizes")
     @classmethod

@@ -33,7 +33,8 @@ from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
-from deployments.protocol import InferRequest, ModelSpec, TensorSpec
+from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
+from deployments.protocol.wording import unknown_model, unknown_version
 from deployments.stats import model_counters_json
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
@@ -110,10 +111,9 @@ class ServeBackend:
             self.drain.check()  # every model call comes here: 503 once draining
         m = self.by_name.get(name)
         if m is None:
-            raise UnknownModel(f"unknown model {name!r}: this server has {sorted(self.by_name)}")
+            raise UnknownModel(unknown_model(name, self.by_name))
         if version not in (None, "", m.config.version):
-            raise UnknownModel(f"model {name!r} has version {m.config.version!r}, not "
-                               f"{version!r}: leave the version out or ask for that one")
+            raise UnknownModel(unknown_version(name, version, m.config.version))
         return m
 
     # -- deployments.http.Backend ----------------------------------------------------------
@@ -166,9 +166,12 @@ class Ingress(GrpcIngress):
         self.drain: IngressDrain | None = None
         self.config = RaybatchConfig.model_validate_json(config_json)
         self.backend = backend = ServeBackend(self.config)
+        # One list for both fronts (GET /v2 and gRPC ServerMetadata): what is served.
+        self.extensions = served_extensions(m.batching.kind for m in self.config.models)
         self.grpc_servicer = GrpcServicer(
             backend.get, backend.by_name.values, lambda m: backend.ready(m.entry),
-            lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes)
+            lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes,
+            self.config.ingress.server_name, self.extensions)
         backend.drain = self.drain = IngressDrain(
             lambda: [a for m in backend.by_name.values() for a in m.actors()],
             self.config.ingress.drain_timeout_s, _this_actor())
@@ -179,7 +182,8 @@ class Ingress(GrpcIngress):
         """Serve's HTTP app for this replica, built once the models are ready; also
         mounted on the direct-ingress fast path (`deployments.http.fastpath`)."""
         ingress = self.config.ingress
-        self.http = OipApp(self.backend, HttpLimits.from_config(ingress))
+        self.http = OipApp(self.backend, HttpLimits.from_config(ingress),
+                           name=ingress.server_name, extensions=self.extensions)
         mount(self.http, ingress.route_prefix)
         if ingress.native_port is not None and self.native is None:
             # Raybatch's own HTTP server on this replica's loop (deployments.http.server)

@@ -25,7 +25,7 @@ the series comes from the node the model runs on. The same class, built with
 `in_process=True`, is an in-process replica (`deployments.inprocess`): then it
 never pins, since the process is its host's.
 
-Before it reports ready, a replica of a dynamic model warms up (Triton's
+Before it reports ready, a replica of a dynamic or stateful model warms up (Triton's
 model_warmup, `deployments.warmup`): it runs synthesized or configured batches of
 the configured sizes, and checks the model's answers against the declared outputs.
 A replica that cannot build its model or whose model does not fit its tensors does
@@ -106,7 +106,7 @@ class ModelReplica:
         self.model = instantiate(target, (), dict(self.config.init_kwargs))
         self.model.setup(self.device)
         setup_s = time.perf_counter() - started
-        warmup = warm_up(self.config, self.model) if self.config.batching.kind == "dynamic" \
+        warmup = warm_up(self.config, self.model) if self.config.batching.kind != "iterative" \
             else {"batch_sizes": [], "warmup_s": 0.0}
         self.ready = {"setup_s": round(setup_s, 3), **warmup,
                       "ready_s": round(time.perf_counter() - started, 3)}

@@ -36,6 +36,7 @@ from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect, generate_request
 from deployments.metrics import CallerMetrics
 from deployments.protocol.binary import PayloadTooLarge
+from deployments.protocol.wording import no_correlation_id
 from deployments.signature import Signature
 
 
@@ -158,9 +159,7 @@ class ModelRoute:
                  sequence: tuple[Any, bool, bool] | None) -> tuple[Any, bool, bool]:
         name = self.config.name
         if sequence is None or sequence[0] in (None, 0, ""):
-            raise self._invalid(f"model {name!r} is stateful: every request needs a "
-                                 "sequence_id (a positive integer or a non-empty string), and "
-                                 "sequence_start=true on a sequence's first request")
+            raise self._invalid(no_correlation_id(name))
         sequence_id, start, end = sequence
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)) or (
                 isinstance(sequence_id, int) and sequence_id < 0):

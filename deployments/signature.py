@@ -24,7 +24,8 @@ import numpy as np
 from batching.errors import InvalidRequest, ModelError
 from batching.tensors import Collate, Ragged, TensorBatch, length_of
 from cluster.config import ModelConfig, TensorConfig, WarmupConfig
-from deployments.protocol.datatypes import NUMPY_DTYPES
+from deployments.protocol.datatypes import NUMPY_DTYPES, datatype_of
+from deployments.protocol.wording import unexpected_input, unexpected_shape, wrong_datatype
 
 
 class Signature:
@@ -63,10 +64,17 @@ class Signature:
     def _names_message(self, inputs: Mapping[str, Any]) -> str:
         got = sorted(map(str, inputs))
         if len(self.inputs) == 1:
+            extra = [n for n in got if n != self._single_in.name]
+            if extra:
+                return unexpected_input(extra[0], self.model, [self._single_in.name]) + (
+                    f"; got {got}")
             return (f"model {self.model!r} takes exactly one input "
                     f"{self._single_in.name!r}; got {got}")
         missing = sorted(set(self.inputs) - set(inputs))
         extra = sorted(map(str, set(inputs) - set(self.inputs)))
+        if extra:  # Triton's words for an input the model does not have
+            return unexpected_input(extra[0], self.model, list(self.inputs)) + (
+                f"; got {got}" + (f" (missing {missing})" if missing else ""))
         return (f"model {self.model!r} takes inputs {list(self.inputs)}; got {got}"
                 + (f" (missing {missing})" if missing else "")
                 + (f" (unknown {extra})" if extra else ""))
@@ -76,16 +84,12 @@ class Signature:
         if not isinstance(array, np.ndarray):
             raise InvalidRequest(f"{where} must be a numpy array of {tensor.datatype}, got "
                                  f"{type(array).__name__}; wrap it in np.asarray(..., dtype)")
-        array = _as_declared(array, tensor.datatype, where)
-        shape = list(tensor.shape)
-        if array.ndim != len(shape):
-            raise InvalidRequest(f"{where} must be an array of rank {len(shape)} with shape "
-                                 f"{shape} (-1 = any size), got shape {list(array.shape)}")
-        for axis, (got, want) in enumerate(zip(array.shape, shape)):
-            if want != -1 and got != want:
-                raise InvalidRequest(f"{where} has shape {list(array.shape)} but the model "
-                                     f"expects {shape} (-1 = any size): dim {axis} must be "
-                                     f"{want}, not {got}")
+        array = _as_declared(array, tensor, self.model)
+        shape = tensor.shape
+        if array.ndim != len(shape) or any(
+                want not in (-1, got) for got, want in zip(array.shape, shape)):
+            raise InvalidRequest(unexpected_shape(tensor.name, self.model, shape,
+                                                  array.shape))
         return array
 
     def result(self, value: Any) -> dict[str, np.ndarray]:
@@ -169,9 +173,10 @@ class Signature:
             _check_output(self.model, out.tensors[name], tensor)
 
 
-def _as_declared(array: np.ndarray, datatype: str, where: str) -> np.ndarray:
+def _as_declared(array: np.ndarray, tensor: TensorConfig, model: str) -> np.ndarray:
     """`array` if its dtype is the declared one (any byte order: made little-endian);
     BYTES from object, bytes or str arrays whose elements are bytes or str."""
+    datatype, where = tensor.datatype, f"input {tensor.name!r}"
     want = NUMPY_DTYPES[datatype]
     if datatype == "BYTES":
         if array.dtype.kind in "SU":
@@ -189,10 +194,19 @@ def _as_declared(array: np.ndarray, datatype: str, where: str) -> np.ndarray:
         return array
     if array.dtype.kind == want.kind and array.dtype.itemsize == want.itemsize:
         return array if array.dtype == want else array.astype(want)
-    raise InvalidRequest(f"{where} is a {array.dtype} array but the model declares "
-                         f"{datatype}: convert it with .astype(np.{want.name})"
+    got = _datatype_name(array.dtype)
+    raise InvalidRequest(wrong_datatype(tensor.name, got, model, datatype)
+                         + f" (.astype(np.{want.name}))"
                          + ("; objects are only accepted for BYTES" if array.dtype == object
                             else ""))
+
+
+def _datatype_name(dtype: np.dtype) -> str:
+    """The OIP name of a request array's dtype, or numpy's where it has none."""
+    try:
+        return datatype_of(np.empty(0, dtype))
+    except Exception:
+        return str(dtype)
 
 
 def _bytes_array(values: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -207,19 +221,36 @@ def _pad(t: TensorConfig) -> Any:
     return value.encode("utf-8") if isinstance(value, str) else value
 
 
+# A BYTES input's warm-up element when warmup.data names none: a decimal zero, which
+# numeric-string models parse and text models read as text.
+WARMUP_BYTES = b"0"
+
+
 def _warm_array(t: TensorConfig, size: int, warmup: WarmupConfig) -> np.ndarray:
     if t.name in warmup.data:
         item = warmup.data[t.name]
-        if t.datatype == "BYTES":
-            raw = np.asarray(item, dtype=object)
-            one = _bytes_array(raw.ravel().tolist(), raw.shape)
-        else:
-            one = np.asarray(item, dtype=NUMPY_DTYPES[t.datatype])
+        where = f"warmup.data[{t.name!r}]"
+        try:
+            if t.datatype == "BYTES":
+                raw = np.asarray(item, dtype=object)
+                one = _bytes_array(raw.ravel().tolist(), raw.shape)
+            else:
+                one = np.asarray(item, dtype=NUMPY_DTYPES[t.datatype])
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ModelError(f"{where} is not {t.datatype} data ({e}): give one item as "
+                             "(nested) lists of numbers, true/false for BOOL, strings for "
+                             "BYTES") from None
+        item_shape = t.shape[1:]
+        if one.ndim != len(item_shape) or any(
+                want not in (-1, got) for got, want in zip(one.shape, item_shape)):
+            raise ModelError(f"{where} has shape {list(one.shape)}, but one item of input "
+                             f"{t.name!r} has shape {list(item_shape)} (-1 = any size): "
+                             "give one item, without the batch dim")
         return np.repeat(one[None], size, axis=0)
     dims = list(warmup.dims.get(t.name, ()))
     shape = [size] + [d if d != -1 else (dims.pop(0) if dims else 1) for d in t.shape[1:]]
     if t.datatype == "BYTES":
-        return _bytes_array([b"warm-up"] * int(np.prod(shape)), tuple(shape))
+        return _bytes_array([WARMUP_BYTES] * int(np.prod(shape)), tuple(shape))
     return np.zeros(shape, dtype=NUMPY_DTYPES[t.datatype])
 
 

@@ -2,13 +2,16 @@
 
 The first batches of a fresh model pay for lazy initialization (allocator pools,
 kernel selection, tokenizer caches); without a warm-up the first users pay it.
-A replica of a dynamic model runs `warmup.count` batches of each configured size
-(default: 1, then the policy's preferred sizes), built from the declared inputs
-(zeros, "warm-up" for BYTES, -1 dims of `warmup.dims` or 1) or from `warmup.data`,
-joined exactly as the engine joins a real batch. The first answer of each size is
+A replica of a dynamic or a stateful (sequence) model runs `warmup.count` batches
+of each configured size (default: 1, then the policy's preferred sizes), built from
+the declared inputs (zeros, b"0" for BYTES: a string that numeric and text models
+alike take; -1 dims of `warmup.dims` or 1) or from `warmup.data`, joined exactly as
+the engine joins a real batch. A stateful model gets each batch as rows of as many
+one-request sequences (start, end and ready set on every row) through a throwaway
+`StateStore`, so no state outlives the warm-up. The first answer of each size is
 checked against the declared outputs (names, rows, shapes, datatypes), so a class
 that does not fit its config fails here, at deploy time, with a message that says
-what differs and how to fix it.
+what differs and how to fix it. Generative models have no warm-up (yet).
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from batching.errors import ModelError
 from batching.model import run_batch
+from batching.sequence.stateful import SequenceBatchInput, StateStore
+from batching.tensors import TensorBatch
 from cluster.config import ModelConfig
 from deployments.signature import Signature
 
@@ -39,12 +46,14 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
     signature = Signature(config)
     collate = signature.collate()
     sizes = warmup_sizes(config)
+    stateful = config.batching.kind == "sequence"
     t0 = time.perf_counter()
     for size in sizes:
-        batch = collate([signature.warmup_batch(size, w)])
+        batch = signature.warmup_batch(size, w) if stateful else collate(
+            [signature.warmup_batch(size, w)])
         for run in range(w.count):
             try:
-                out = run_batch(model, batch)
+                out = _run_sequences(model, batch, size) if stateful else run_batch(model, batch)
             except Exception as e:
                 raise ModelError(
                     f"model {config.name!r} ({config.transformer}) raised on its warm-up batch "
@@ -58,3 +67,20 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
                     raise ModelError(f"{config.transformer} does not match the tensors "
                                      f"declared for it: {e}") from None
     return {"batch_sizes": sizes, "warmup_s": round(time.perf_counter() - t0, 3)}
+
+
+def _run_sequences(model: Any, batch: Any, size: int) -> Any:
+    """A stateful model's answer to `size` rows, each the only request of a sequence of
+    its own, as one batch (a TensorBatch for named outputs) for `check_answer`."""
+    items = [batch[i] for i in range(size)] if isinstance(batch, TensorBatch) else batch
+    flags = (True,) * size
+    ids = tuple(f"warm-up-{i}" for i in range(size))
+    rows = StateStore(model).run(SequenceBatchInput(items, ids, flags, flags, flags))
+    try:
+        if rows and isinstance(rows[0], dict):
+            return TensorBatch({n: np.stack([np.asarray(r[n]) for r in rows]) for n in rows[0]})
+        return np.stack([np.asarray(r) for r in rows])
+    except (KeyError, ValueError) as e:
+        raise ModelError(f"its rows' outputs do not stack into one batch ({e}): return "
+                         "one output per row, each of the declared output's item shape "
+                         "(or a dict of them, by output name)") from None

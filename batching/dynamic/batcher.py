@@ -39,7 +39,7 @@ from batching.dynamic.admission import Admission
 from batching.dynamic.grouping import by_length
 from batching.dynamic.policy import DynamicPolicy, TimeoutAction
 from batching.dynamic.queues import Entry, LevelQueue, cumulative_costs
-from batching.errors import DeadlineExceeded, InvalidRequest, QueueFull
+from batching.errors import QUEUE_FULL, DeadlineExceeded, InvalidRequest, QueueFull
 from batching.latency import LatencyModel
 from batching.metrics import LevelDepth
 from batching.stats import BatchStats
@@ -130,7 +130,7 @@ class DynamicBatcher:
         max_size = self._limits[level - 1][0]
         if max_size is not None and queue.count >= max_size:
             raise QueueFull(
-                f"priority level {level} already holds {queue.count} requests "
+                f"{QUEUE_FULL}: priority level {level} already holds {queue.count} requests "
                 f"(max_queue_size={max_size}): retry later"
             )
         cum_cost = cumulative_costs(request, self.policy.cost_fn, self._max_cost)

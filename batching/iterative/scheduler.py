@@ -33,6 +33,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 from batching.errors import (
+    QUEUE_FULL,
     BatchSizeMismatch,
     DeadlineExceeded,
     InvalidRequest,
@@ -249,7 +250,7 @@ class IterativeScheduler:
         timeout_s = p.timeout_of(request.timeout_s)
         limit = self.policy.max_queue_size
         if limit is not None and self._num_waiting >= limit:
-            raise QueueFull(f"{self._num_waiting} requests are waiting to join "
+            raise QueueFull(f"{QUEUE_FULL}: {self._num_waiting} requests are waiting to join "
                             f"(max_queue_size={limit}): retry later")
         s = _Seq(request, level, now, now + timeout_s, next(self._arrivals), max_tokens,
                  prompt_tokens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict, defaultdict
 from collections.abc import Hashable
 
-from batching.errors import QueueFull, SequenceLost, UnknownSequence
+from batching.errors import QUEUE_FULL, QueueFull, SequenceLost, UnknownSequence
 from batching.sequence.state import Phase, Replica, Seq
 from batching.sequence.types import SequenceId, SequenceRequest
 
@@ -131,7 +131,7 @@ class SlotTable:
         waits = self._roomiest() is None or bool(self.pending)
         if waits and limit is not None and len(self.pending) >= limit:
             raise QueueFull(
-                f"{len(self.pending)} sequence starts already wait for a free slot "
+                f"{QUEUE_FULL}: {len(self.pending)} sequence starts already wait for a free slot "
                 f"(max_pending_sequences={limit}): retry later, end idle sequences or add "
                 "replicas"
             )

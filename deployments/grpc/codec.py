@@ -27,6 +27,7 @@ from deployments.protocol import PayloadTooLarge
 from deployments.protocol.binary import decode_binary, encode_binary, num_elements
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
 from deployments.protocol.infer import InferRequest, RequestedOutput
+from deployments.protocol.wording import unexpected_input, wrong_datatype
 
 # The typed field of InferTensorContents for each datatype (FP16: raw only).
 CONTENTS_FIELD = {
@@ -57,14 +58,13 @@ def read_infer_request(request: Any, inputs: Mapping[str, TensorConfig], model: 
         where = f"input {tensor.name!r}"
         declared = inputs.get(tensor.name)
         if declared is None:
-            raise InvalidRequest(f"model {model!r} has no input {tensor.name!r}; its inputs "
-                                 f"are {list(inputs)}")
+            raise InvalidRequest(unexpected_input(tensor.name, model, list(inputs)))
         if tensor.name in arrays:
             raise InvalidRequest(f"{where} appears twice; send each input once")
         datatype = check_datatype(tensor.datatype, where)
         if datatype != declared.datatype:
-            raise InvalidRequest(f"{where} has datatype {datatype} but model {model!r} "
-                                 f"expects {declared.datatype}; convert the data")
+            raise InvalidRequest(wrong_datatype(tensor.name, datatype, model,
+                                                declared.datatype))
         shape = _shape(tensor.shape, where)
         total += num_elements(shape) * max(NUMPY_DTYPES[datatype].itemsize, 1)
         if total > max_bytes:

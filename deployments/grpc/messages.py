@@ -10,6 +10,7 @@ ragged input says `allow_ragged_batch`; a dynamic model's policy appears as its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -85,6 +86,7 @@ def model_statistics(config: ModelConfig, raw: dict[str, Any]) -> pb.ModelStatis
                      for b in sorted(c.batch_stats, key=lambda b: b.batch_size)])
 
 
-def server_metadata(name: str, version: str) -> pb.ServerMetadataResponse:
-    return pb.ServerMetadataResponse(name=name, version=version,
-                                     extensions=["statistics", "sequence"])
+def server_metadata(name: str, version: str,
+                    extensions: Sequence[str]) -> pb.ServerMetadataResponse:
+    """The server's name, version and extensions: what `GET /v2` says too."""
+    return pb.ServerMetadataResponse(name=name, version=version, extensions=list(extensions))

@@ -15,7 +15,7 @@ ingress sets `grpc_servicer` and inherits these.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from batching.errors import RaybatchError
@@ -24,6 +24,11 @@ from deployments.grpc import messages
 from deployments.grpc.codec import check_outputs, read_infer_request, write_infer_response
 from deployments.grpc.status import grpc_status
 from deployments.grpc.stubs import service_pb2 as pb
+from deployments.protocol.metadata import (
+    DEFAULT_EXTENSIONS,
+    package_version,
+    repository_index_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +44,14 @@ class GrpcServicer:
                  models: Callable[[], Iterable[ServedModel]],
                  is_ready: Callable[[ServedModel], Awaitable[bool]],
                  stats: Callable[[ServedModel], Awaitable[dict[str, Any]]],
-                 max_bytes: int, server: tuple[str, str] = ("raybatch", "0.1.0")) -> None:
+                 max_bytes: int, server_name: str = "raybatch",
+                 extensions: Sequence[str] = DEFAULT_EXTENSIONS) -> None:
         self._get = get_model
         self._models = models
         self._is_ready = is_ready
         self._stats = stats
         self._max_bytes = max_bytes
-        self._server = server
+        self._server = (server_name, package_version(), tuple(extensions))
 
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -90,12 +96,13 @@ class GrpcServicer:
 
     async def RepositoryIndex(self, request: Any, context: Any) -> pb.RepositoryIndexResponse:
         async def index() -> pb.RepositoryIndexResponse:
-            out = pb.RepositoryIndexResponse()
-            for m in self._models():
-                ready = await self._is_ready(m)
-                out.models.add(name=m.config.name, version=m.config.version,
-                               state="READY" if ready else "UNAVAILABLE")
-            return out
+            models = list(self._models())
+            ready = [await self._is_ready(m) for m in models]
+            index = repository_index_json(
+                ((m.config.name, m.config.version, ok) for m, ok in zip(models, ready)),
+                request.ready)
+            return pb.RepositoryIndexResponse(
+                models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index])
         return await _guard(context, pb.RepositoryIndexResponse, index)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from deployments.http.backend import Backend, ModelEntry
@@ -41,6 +42,7 @@ from deployments.http.limits import HttpLimits
 from deployments.http.replies import CLOSE, Reply, json_reply, send_reply, send_stream
 from deployments.http.routes import Router
 from deployments.protocol import (
+    DEFAULT_EXTENSIONS,
     LowerHeaders,
     encode_infer_raw,
     parse_infer_request,
@@ -113,13 +115,16 @@ class OipApp:
     """
 
     def __init__(self, backend: Backend, limits: HttpLimits | None = None, *,
-                 name: str = "raybatch", version: str | None = None) -> None:
+                 name: str = "raybatch", version: str | None = None,
+                 extensions: Sequence[str] = DEFAULT_EXTENSIONS) -> None:
+        """`name`, `version`, `extensions`: what `GET /v2` answers (the gRPC front
+        answers the same: the ingress gives both the same)."""
         self.backend = backend
         self.limits = limits or HttpLimits()
         self.request_limits = self.limits.request
         self.body_reader = BodyReader(self.limits.max_body_bytes, self.limits.body_timeout_s)
         self.router = Router(oip_routes())
-        self.metadata_reply = json_reply(server_metadata_json(name, version))
+        self.metadata_reply = json_reply(server_metadata_json(name, version, extensions))
         self.max_inflight = self.limits.max_inflight_requests
         self.inflight = 0
         self.draining = False

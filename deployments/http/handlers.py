@@ -25,6 +25,8 @@ from deployments.protocol import (
     model_config_json,
     parse_generate_body,
     parse_infer_request,
+    read_index_request,
+    repository_index_json,
     sse_event,
 )
 
@@ -51,6 +53,15 @@ async def server_metadata(call: Any) -> Reply:
 async def all_stats(call: Any) -> Reply:
     stats = [await call.backend.stats(m) for m in call.backend.models()]
     return json_reply({"model_stats": stats})
+
+
+async def repository_index(call: Any) -> Reply:
+    """Triton's repository index (the `model_repository` extension's read side)."""
+    ready_only = read_index_request(await call.body())
+    models = call.backend.models()
+    ready = await asyncio.gather(*(call.backend.ready(m) for m in models))
+    return json_reply(repository_index_json(
+        ((m.name, m.version, ok) for m, ok in zip(models, ready)), ready_only))
 
 
 async def model_metadata(call: Any) -> Reply:
@@ -140,6 +151,7 @@ def oip_routes() -> list[Route]:
         Route("GET", "/v2/health/live", live),
         Route("GET", "/v2/health/ready", server_ready),
         Route("GET", "/v2/models/stats", all_stats),  # a fixed path: matched before {model}
+        Route("POST", "/v2/repository/index", repository_index),
         *_model_routes("GET", "", model_metadata),
         *_model_routes("GET", "/config", model_config),
         *_model_routes("GET", "/ready", model_ready),

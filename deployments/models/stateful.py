@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from batching.sequence.stateful import SequenceBatchInput, StatefulTransformer
+from batching import SequenceBatchInput, StatefulTransformer
 from deployments.models.simple import set_torch_threads
 
 
@@ -35,7 +35,7 @@ def _rows(inputs: Any, controls: SequenceBatchInput, width: int, dtype: Any) -> 
 class Accumulator(StatefulTransformer):
     """INPUT INT32 [1] → OUTPUT INT32 [1]: the sum of the sequence's inputs so far.
 
-    >>> from batching.sequence.stateful import StateStore
+    >>> from batching import StateStore
     >>> store = StateStore(Accumulator())
     >>> store.run(SequenceBatchInput(np.array([[5]], np.int32), (7,), (True,), (False,), (True,)))
     [array([5], dtype=int32)]

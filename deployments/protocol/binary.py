@@ -36,6 +36,7 @@ from deployments.protocol.datatypes import (
 from deployments.protocol.jsondata import decode_json_data
 from deployments.protocol.limits import RequestLimits, shown
 from deployments.protocol.metadata import ModelSpec, TensorSpec
+from deployments.protocol.wording import unexpected_input, unexpected_shape, wrong_datatype
 
 DEFAULT_LIMITS = RequestLimits()
 
@@ -171,17 +172,12 @@ def _input_header(
     name = entry["name"]
     tensor = specs.get(name)
     if tensor is None:
-        raise InvalidRequest(
-            f"model '{spec.name}' has no input '{name}'; its inputs are {list(spec.input_names)}"
-        )
+        raise InvalidRequest(unexpected_input(name, spec.name, spec.input_names))
     where = f"input '{name}'"
     datatype = check_datatype(entry.get("datatype"), where)
     if datatype != tensor.datatype:
-        raise InvalidRequest(
-            f"{where} has datatype {datatype} but model '{spec.name}' expects "
-            f"{tensor.datatype}; convert the data to {tensor.datatype}"
-        )
-    shape = _check_shape(entry.get("shape"), tensor, where)
+        raise InvalidRequest(wrong_datatype(name, datatype, spec.name, tensor.datatype))
+    shape = _check_shape(entry.get("shape"), tensor, where, spec.name)
     params = entry.get("parameters")
     params = {} if params is None else params
     if not isinstance(params, dict):
@@ -194,7 +190,7 @@ def _input_header(
     return name, datatype, shape, params
 
 
-def _check_shape(shape: Any, tensor: TensorSpec, where: str) -> list[int]:
+def _check_shape(shape: Any, tensor: TensorSpec, where: str, model: str) -> list[int]:
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
@@ -204,18 +200,10 @@ def _check_shape(shape: Any, tensor: TensorSpec, where: str) -> list[int]:
             f"{where} has shape {shown(shape)} with a negative dim; a request gives the actual "
             "size of every dim (-1 is only for model metadata)"
         )
-    expected = list(tensor.shape)
-    if len(shape) != len(expected):
-        raise InvalidRequest(
-            f"{where} has shape {shown(shape)} of rank {len(shape)} but the model expects rank "
-            f"{len(expected)}, shape {expected} (-1 = any size)"
-        )
-    for axis, (got, want) in enumerate(zip(shape, expected)):
-        if want != -1 and got != want:
-            raise InvalidRequest(
-                f"{where} has shape {shape} but the model expects {expected} "
-                f"(-1 = any size): dim {axis} must be {want}, not {got}"
-            )
+    expected = tensor.shape
+    if len(shape) != len(expected) or any(
+            want not in (-1, got) for got, want in zip(shape, expected)):
+        raise InvalidRequest(unexpected_shape(tensor.name, model, expected, shape))
     return shape
 
 

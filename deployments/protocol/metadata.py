@@ -16,15 +16,41 @@ Field names of every body are Triton's, exactly, so its clients parse them.
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from batching.errors import InvalidRequest
 from deployments.protocol.datatypes import check_datatype
+from deployments.protocol.limits import shown
 
-# Extensions `server_metadata_json` reports unless told otherwise.
-DEFAULT_EXTENSIONS = ("binary_tensor_data", "statistics")
+# Extensions every Raybatch server serves (on HTTP and gRPC alike); `served_extensions`
+# adds those that depend on the models. `model_repository`: the index only (no load or
+# unload: models are the config's).
+DEFAULT_EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics")
+
+
+def served_extensions(kinds: Iterable[str]) -> tuple[str, ...]:
+    """The extensions a server of models of these batching kinds serves: `sequence`
+    where a stateful model is served, `generate` where a generative one is.
+
+    >>> served_extensions(["dynamic", "sequence"])
+    ('binary_tensor_data', 'model_repository', 'statistics', 'sequence')
+    """
+    kinds = set(kinds)
+    return DEFAULT_EXTENSIONS + tuple(
+        ext for kind, ext in (("sequence", "sequence"), ("iterative", "generate"))
+        if kind in kinds)
+
+
+def package_version() -> str:
+    """Raybatch's version, as the server metadata reports it."""
+    try:
+        return importlib.metadata.version("raybatch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +175,36 @@ def _config_tensor(t: TensorSpec, skip: int) -> dict[str, Any]:
     return {"name": t.name, "data_type": data_type, "dims": list(t.shape[skip:])}
 
 
+def repository_index_json(models: Iterable[tuple[str, str, bool]],
+                          ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's repository index (`POST /v2/repository/index`, gRPC `RepositoryIndex`):
+    each served model's name, version and state, from (name, version, ready) triples;
+    `ready_only` keeps the ready ones (the request's `"ready": true`).
+
+    >>> repository_index_json([("a", "1", True), ("b", "1", False)], ready_only=True)
+    [{'name': 'a', 'version': '1', 'state': 'READY'}]
+    """
+    return [{"name": name, "version": version, "state": "READY" if ready else "UNAVAILABLE"}
+            for name, version, ready in models if ready or not ready_only]
+
+
+def read_index_request(body: bytes) -> bool:
+    """The `ready` filter of a repository index request body (empty: no filter)."""
+    if not body.strip():
+        return False
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = body  # shown as it came
+    if not isinstance(doc, dict) or set(doc) - {"ready"}:
+        raise InvalidRequest('a repository index body is empty or {"ready": true|false}, '
+                             f"got {shown(doc)}")
+    ready = doc.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidRequest(f"'ready' must be true or false, got {shown(ready)}")
+    return ready
+
+
 def server_metadata_json(
     name: str = "raybatch",
     version: str | None = None,
@@ -156,10 +212,7 @@ def server_metadata_json(
 ) -> dict[str, Any]:
     """The OIP server metadata body for `GET /v2`; version defaults to the package's."""
     if version is None:
-        try:
-            version = importlib.metadata.version("raybatch")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
+        version = package_version()
     return {"name": name, "version": version, "extensions": list(extensions)}
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.e2e
+UNKNOWN = "Request for unknown model: 'nope' is not found"  # Triton's words
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +71,9 @@ def test_infer_with_priority_and_timeout(client):
 
 
 def test_infer_of_an_unknown_model_raises(client):
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as e:
+    with pytest.raises(InferenceServerException, match=UNKNOWN) as e:
         infer(client, np.array([1.0], np.float32), binary=True, model="nope")
-    assert e.value.status() == "404"
+    assert e.value.status() == "404" and e.value.message().startswith(UNKNOWN)
 
 
 def test_inference_statistics_show_batches(client):
@@ -101,3 +103,27 @@ def test_versioned_routes_serve_the_configured_version_and_404_others(client):
     np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), [9.0])
     with pytest.raises(InferenceServerException, match="has version '1', not '7'"):
         infer(client, np.array([3.0], dtype=np.float32), binary=True, model_version="7")
+
+
+def test_repository_index_and_extensions_are_the_grpc_services(client, app, front_url):
+    """`POST /v2/repository/index` answers what gRPC's RepositoryIndex answers, and
+    `GET /v2` lists the extensions gRPC's ServerMetadata lists."""
+    import tritonclient.grpc as grpcclient
+
+    header = {"application": app.name}
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{app.grpc_port}")
+    try:
+        over_grpc = grpc.get_model_repository_index(headers=header, as_json=True)["models"]
+        grpc_extensions = list(grpc.get_server_metadata(headers=header).extensions)
+    finally:
+        grpc.close()
+    index = client.get_model_repository_index()
+    assert sorted(m["name"] for m in index) == sorted(m.name for m in app.config.models)
+    assert sorted(index, key=lambda m: m["name"]) == sorted(over_grpc, key=lambda m: m["name"])
+    assert all(m["state"] == "READY" for m in index)
+    ready = httpx.post(f"{front_url}/v2/repository/index", json={"ready": True}, timeout=30)
+    assert sorted(m["name"] for m in ready.json()) == sorted(m["name"] for m in index)
+    extensions = client.get_server_metadata()["extensions"]
+    assert extensions == grpc_extensions
+    assert {"binary_tensor_data", "statistics", "model_repository", "sequence",
+            "generate"} == set(extensions)

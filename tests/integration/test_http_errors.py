@@ -53,10 +53,12 @@ def test_malformed_json_is_400(http):
 
 
 @pytest.mark.parametrize(("doc", "says"), [
-    (body([1, 2], datatype="INT32"), "has datatype INT32 but model 'square' expects FP32"),
-    (body([1.0, 2.0], shape=[2, 1]), "rank 2 but the model expects rank 1"),
+    (body([1, 2], datatype="INT32"),
+     "inference input 'INPUT0' data-type is 'INT32', but model 'square' expects 'FP32'"),
+    (body([1.0, 2.0], shape=[2, 1]), "unexpected shape for input 'INPUT0' for model 'square'. "
+     "Expected [-1], got [2,1]: rank 2 but the model expects rank 1"),
     (body([1.0, 2.0, 3.0], shape=[2]), "'data' holds 3 elements but shape [2] needs 2"),
-    (body([1.0], name="INPUT9"), "has no input 'INPUT9'"),
+    (body([1.0], name="INPUT9"), "unexpected inference input 'INPUT9' for model 'square'"),
     ({"inputs": []}, "non-empty 'inputs' array"),
 ], ids=["datatype", "rank", "data-vs-shape", "input-name", "no-inputs"])
 def test_wrong_inputs_are_400(http, doc, says):
@@ -71,9 +73,10 @@ def test_an_empty_batch_is_400(http):
 
 def test_an_unknown_model_is_404(http):
     r = http.post("/v2/models/nope/infer", json=body([1.0]))
-    assert "unknown model 'nope'" in error_of(r, 404)
-    assert "unknown model 'nope'" in error_of(http.get("/v2/models/nope"), 404)
-    assert "unknown model 'nope'" in error_of(http.get("/v2/models/nope/config"), 404)
+    unknown = "Request for unknown model: 'nope' is not found"
+    assert error_of(r, 404).startswith(unknown)
+    assert error_of(http.get("/v2/models/nope"), 404).startswith(unknown)
+    assert error_of(http.get("/v2/models/nope/config"), 404).startswith(unknown)
 
 
 def test_a_body_over_the_limit_is_413(app, http):

@@ -83,7 +83,7 @@ def test_ragged_items_are_padded_per_batch_and_each_result_is_its_own(app):
 
 @pytest.mark.parametrize("inputs, says", [
     ({"query": np.zeros((1, 16)), "doc": np.zeros((1, 16), np.float32)},
-     "input 'query' is a float64 array but the model declares FP32"),
+     "inference input 'query' data-type is 'FP64', but model 'twotower' expects 'FP32'"),
     ({"query": [[0.0] * 16], "doc": np.zeros((1, 16), np.float32)},
      "input 'query' must be a numpy array of FP32, got list"),
     ({"query": np.array([[object()] * 16]), "doc": np.zeros((1, 16), np.float32)},

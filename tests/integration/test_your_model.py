@@ -1,7 +1,8 @@
-"""Bring your own model: the README's "Serve your model" example, copied out of the README
-into a folder of its own (outside this repository), served with `raybatch up` and with
-`raybatch build`; a wrong import path and a class that does not fit its declared tensors
-fail before any traffic, saying what to fix."""
+"""Bring your own model: the README's "Serve your model" examples (stateless, and stateful
+under "A stateful model"), copied out of the README into a folder of their own (outside
+this repository), served with `raybatch up` and with `raybatch build`; a wrong import
+path and a class that does not fit its declared tensors fail before any traffic, saying
+what to fix."""
 
 from __future__ import annotations
 
@@ -20,10 +21,15 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 
 
-def readme_example() -> tuple[str, str]:
-    """The python and yaml blocks of the README's "Serve your model" section."""
+def readme_example(subsection: str | None = None) -> tuple[str, str]:
+    """The (first) python and yaml blocks of the README's "Serve your model" section, or
+    of its `subsection`."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Serve your model", 1)[1].split("\n## ", 1)[0]
+    if subsection is None:
+        section = section.split("\n### ", 1)[0]
+    else:
+        section = section.split(f"\n### {subsection}\n", 1)[1].split("\n### ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return code, config
@@ -133,3 +139,55 @@ def test_a_class_that_does_not_fit_its_tensors_fails_the_deploy(app, project, tm
     assert "missing ['score']: undeclared ['scores']" in proc.stdout
     assert app.handle.infer.remote("square", {"INPUT0": np.ones(1, np.float32)}).result(
         timeout_s=30)["OUTPUT0"].tolist() == [1.0]
+
+
+@pytest.fixture
+def stateful_project(tmp_path):
+    """The README's stateful example in tmp/stateful, as an app beside the session's."""
+    code, config = readme_example("A stateful model")
+    folder = tmp_path / "stateful"
+    folder.mkdir()
+    module = re.search(r"transformer: (\w+):", config).group(1)
+    (folder / f"{module}.py").write_text(code)
+    data = yaml.safe_load(config)
+    data["app_name"] = "byom-stateful"
+    data["ingress"]["route_prefix"] = "/byom-stateful"
+    path = folder / "my_stateful.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_raybatch_up_serves_the_readmes_stateful_model(app, stateful_project, tmp_path):
+    from ray import serve
+
+    proc = raybatch("up", "--address", app.gcs_address, "--config", str(stateful_project),
+                    "--exit-after-deploy", **away(tmp_path))
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    try:
+        handle = serve.get_app_handle("byom-stateful")
+
+        def step(x, sid, **controls):
+            out = handle.infer.remote("running_mean", {"x": np.array([x], np.float32)},
+                                      {"sequence_id": sid, **controls}).result(timeout_s=60)
+            return out["mean"].tolist(), out["count"].tolist()
+
+        assert step([1, 2, 3], 7, sequence_start=True) == ([[1, 2, 3]], [1])
+        assert step([10, 10, 10], "other", sequence_start=True) == ([[10, 10, 10]], [1])
+        assert step([3, 4, 5], 7, sequence_end=True) == ([[2, 3, 4]], [2])  # as the README says
+        assert step([0, 0, 0], "other", sequence_end=True) == ([[5, 5, 5]], [2])
+        with pytest.raises(Exception, match="must specify a non-zero or non-empty correlation"):
+            handle.infer.remote("running_mean", {"x": np.zeros((1, 3), np.float32)}
+                                ).result(timeout_s=60)
+    finally:
+        serve.delete("byom-stateful")
+
+
+def test_a_stateful_class_that_does_not_fit_its_tensors_fails_the_deploy(
+        app, stateful_project, tmp_path):
+    module = next(stateful_project.parent.glob("*.py"))
+    module.write_text(module.read_text().replace('"count": count}', '"counts": count}'))
+    proc = raybatch("up", "--address", app.gcs_address, "--config", str(stateful_project),
+                    "--exit-after-deploy", **away(tmp_path))
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "does not match the tensors declared for it" in proc.stdout, proc.stdout[-2000:]
+    assert "missing ['count']: undeclared ['counts']" in proc.stdout, proc.stdout[-2000:]

@@ -210,3 +210,11 @@ def test_the_native_server_is_off_unless_a_port_is_given():
     assert load_config({"models": []}).ingress.native_port is None
     assert load_config({"ingress": {"native_port": 8080}, "models": []}).ingress.native_port \
         == 8080
+
+
+def test_the_server_name_is_raybatch_unless_set_and_never_empty():
+    assert load_config({"models": []}).ingress.server_name == "raybatch"
+    assert load_config({"ingress": {"server_name": "triton"}, "models": []}
+                       ).ingress.server_name == "triton"
+    with pytest.raises(ConfigError, match="server_name"):
+        load_config({"ingress": {"server_name": ""}, "models": []})

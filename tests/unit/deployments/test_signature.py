@@ -41,11 +41,12 @@ def test_a_multi_tensor_request_becomes_one_tensor_batch_of_every_input():
 @pytest.mark.parametrize("inputs, match", [
     ({"query": np.zeros((1, 4), np.float32)}, r"takes inputs \['query', 'text'\].*missing"),
     ({"query": np.zeros((1, 4), np.float64), "text": np.array([b"a"], object)},
-     r"input 'query' is a float64 array but the model declares FP32: convert it"),
+     r"inference input 'query' data-type is 'FP64', but model 'tt' expects 'FP32'.*astype"),
     ({"query": [[0.0] * 4], "text": np.array([b"a"], object)},
      r"input 'query' must be a numpy array of FP32, got list"),
     ({"query": np.zeros((1, 5), np.float32), "text": np.array([b"a"], object)},
-     r"input 'query' has shape \[1, 5\].*dim 1 must be 4"),
+     r"unexpected shape for input 'query' for model 'tt'. Expected \[-1,4\], got \[1,5\]: "
+         r"dim 1 must be 4, not 5"),
     ({"query": np.zeros((2, 4), np.float32), "text": np.array([b"a"], object)},
      r"disagree on the batch size"),
     ({"query": np.zeros((1, 4), np.float32), "text": np.array([{"x": 1}], object)},

@@ -5,6 +5,7 @@ each bundle in process), and come back as tritonclient reads them."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import re
 
 import grpc
@@ -25,6 +26,7 @@ from batching.model import run_batch
 from cluster.config import load_config
 from deployments.grpc import GrpcServicer
 from deployments.models import Square, TwoTower
+from deployments.protocol.wording import unknown_model
 from deployments.route import ModelRoute
 from tests.conftest import APP_CONFIG
 
@@ -74,10 +76,10 @@ class UnknownModel(RaybatchError):
     http_status = 404
 
 
-def servicer(models, ready=True) -> GrpcServicer:
+def servicer(models, ready=True, **server) -> GrpcServicer:
     def get(name, version):
         if name not in models:
-            raise UnknownModel(f"unknown model {name!r}")
+            raise UnknownModel(unknown_model(name, models))
         return models[name]
 
     async def is_ready(m):
@@ -88,7 +90,7 @@ def servicer(models, ready=True) -> GrpcServicer:
                 "compute_s_by_size": {2: 0.001, 4: 0.002},
                 "success": {"count": 3, "s": 0.01}}
 
-    return GrpcServicer(get, models.values, is_ready, stats, max_bytes=1 << 20)
+    return GrpcServicer(get, models.values, is_ready, stats, max_bytes=1 << 20, **server)
 
 
 def call(svc, method: str, request, context=None):
@@ -142,14 +144,15 @@ def test_typed_contents_work_like_raw_ones_and_outputs_select_what_comes_back(mo
 
 @pytest.mark.parametrize("mutate, code, match", [
     (lambda r: r.inputs[0].__setattr__("datatype", "FP64"), "INVALID_ARGUMENT",
-     "input 'query' has datatype FP64 but model 'twotower' expects FP32"),
+     "inference input 'query' data-type is 'FP64', but model 'twotower' expects 'FP32'"),
     (lambda r: r.inputs[0].__setattr__("name", "nope"), "INVALID_ARGUMENT",
-     "model 'twotower' has no input 'nope'"),
+     "unexpected inference input 'nope' for model 'twotower'"),
     (lambda r: r.inputs.pop(), "INVALID_ARGUMENT", r"raw_input_contents has 2 entries for 1"),
     (lambda r: r.raw_input_contents.__setitem__(1, b"\0" * 12), "INVALID_ARGUMENT",
      "input 'doc': binary_data_size is 12 bytes"),
     (lambda r: r.outputs.add(name="nope"), "INVALID_ARGUMENT", "has no output 'nope'"),
-    (lambda r: r.__setattr__("model_name", "nope"), "NOT_FOUND", "unknown model 'nope'"),
+    (lambda r: r.__setattr__("model_name", "nope"), "NOT_FOUND",
+     "Request for unknown model: 'nope' is not found"),
     (lambda r: r.parameters["priority"].__setattr__("string_param", "high"),
      "INVALID_ARGUMENT", "parameter 'priority' must be a non-negative integer"),
 ])
@@ -214,3 +217,23 @@ def test_health_metadata_config_and_statistics(models):
     context = Context()
     call(svc, "ModelConfig", pb.ModelConfigRequest(name="nope"), context)
     assert context.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_server_metadata_is_the_configured_name_and_extensions():
+    meta = call(servicer({}), "ServerMetadata", pb.ServerMetadataRequest())
+    assert meta.name == "raybatch" and meta.version == importlib.metadata.version("raybatch")
+    assert list(meta.extensions) == ["binary_tensor_data", "model_repository", "statistics"]
+    svc = servicer({}, server_name="triton", extensions=("statistics", "sequence"))
+    meta = call(svc, "ServerMetadata", pb.ServerMetadataRequest())
+    assert (meta.name, list(meta.extensions)) == ("triton", ["statistics", "sequence"])
+
+
+def test_the_repository_index_is_the_https_and_filters_the_ready_ones(models):
+    every = call(servicer(models, ready=False), "RepositoryIndex", pb.RepositoryIndexRequest())
+    assert [(m.name, m.version, m.state) for m in every.models] == [
+        ("twotower", "1", "UNAVAILABLE"), ("square", "1", "UNAVAILABLE")]
+    ready = call(servicer(models, ready=False), "RepositoryIndex",
+                 pb.RepositoryIndexRequest(ready=True))
+    assert list(ready.models) == []
+    ready = call(servicer(models), "RepositoryIndex", pb.RepositoryIndexRequest(ready=True))
+    assert [m.state for m in ready.models] == ["READY", "READY"]

@@ -23,6 +23,7 @@ from batching.iterative.policy import IterativePolicy
 from deployments.generation import generate_request
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
+from deployments.protocol.wording import unknown_model, unknown_version
 
 SQUARE = ModelEntry("square", "1", ModelSpec(
     "square", inputs=[TensorSpec("INPUT0", "FP32", [-1])],
@@ -53,8 +54,10 @@ class FakeBackend:
 
     def model(self, name: str, version: str | None = None) -> ModelEntry:
         m = self.entries.get(name)
-        if m is None or version not in (None, m.version):
-            raise UnknownModel(f"unknown model {name!r}")
+        if m is None:
+            raise UnknownModel(unknown_model(name, self.entries))
+        if version not in (None, m.version):
+            raise UnknownModel(unknown_version(name, version, m.version))
         return m
 
     async def ready(self, model: ModelEntry) -> bool:

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from deployments.http import OipApp
 from deployments.protocol import INFER_HEADER_LENGTH
 from tests.unit.deployments.http.fakes import (
     FOREVER,
     NEVER_ENDS,
+    FakeBackend,
     call,
     infer_body,
     make_app,
@@ -59,9 +61,10 @@ def test_an_output_json_cannot_carry_is_refused_with_the_fix():
 
 
 @pytest.mark.parametrize(("method", "path", "status", "words"), [
-    ("POST", "/v2/models/nope/infer", 404, "unknown model 'nope'"),
-    ("GET", "/v2/models/nope/config", 404, "unknown model 'nope'"),
-    ("GET", "/v2/models/square/versions/9", 404, "unknown model"),
+    ("POST", "/v2/models/nope/infer", 404, "Request for unknown model: 'nope' is not found"),
+    ("GET", "/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not found"),
+    ("GET", "/v2/models/square/versions/9", 404,
+     "Request for unknown model: 'square' version 9 is not found"),
     ("GET", INFER, 405, "GET is not allowed"),
     ("DELETE", INFER, 405, "DELETE is not allowed"),
     ("GET", "/v2/models//infer", 404, "no route"),
@@ -211,3 +214,36 @@ def test_a_model_error_is_500_without_internals():
     backend.fail_with = KeyError("/srv/internal/state")
     r = run(call(app, "POST", INFER, infer_body([1.0])))
     assert r.status == 500 and "/srv" not in r.error() and "KeyError" in r.error()
+
+
+def test_server_metadata_says_the_name_and_extensions_it_was_given():
+    app, _ = make_app()
+    assert run(call(app, "GET", "/v2")).json()["name"] == "raybatch"
+    named = OipApp(FakeBackend(), name="triton", extensions=("statistics", "sequence"))
+    body = run(call(named, "GET", "/v2")).json()
+    assert (body["name"], body["extensions"]) == ("triton", ["statistics", "sequence"])
+
+
+def test_the_repository_index_lists_every_model_and_filters_the_ready_ones():
+    app, backend = make_app()
+    backend.not_ready.add("echo")
+    index = "/v2/repository/index"
+    every = run(call(app, "POST", index, b"")).json()  # tritonclient sends no body
+    assert every == [{"name": "square", "version": "1", "state": "READY"},
+                     {"name": "echo", "version": "1", "state": "UNAVAILABLE"},
+                     {"name": "words", "version": "1", "state": "READY"}]
+    assert run(call(app, "POST", index, b'{"ready": false}')).json() == every
+    ready = run(call(app, "POST", index, b'{"ready": true}')).json()
+    assert [m["name"] for m in ready] == ["square", "words"]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b"[1]", "is empty or {\"ready\": true|false}"),
+    (b'{"ready": 1}', "'ready' must be true or false, got 1"),
+    (b'{"ready": true, "x": 1}', "is empty or"),
+    (b"{", "is empty or"),
+])
+def test_a_bad_repository_index_body_is_a_400_saying_what_it_takes(body, words):
+    app, _ = make_app()
+    r = run(call(app, "POST", "/v2/repository/index", body))
+    assert r.status == 400 and words in r.error()

@@ -21,6 +21,7 @@ def name_of(method: str, path: str) -> tuple[str, str, dict]:
     ("GET", "/v2/health/live", "live", {}),
     ("GET", "/v2/health/ready", "server_ready", {}),
     ("GET", "/v2/models/stats", "all_stats", {}),
+    ("POST", "/v2/repository/index", "repository_index", {}),
     ("GET", "/v2/models/mlp", "model_metadata", {"model": "mlp"}),
     ("GET", "/v2/models/mlp/versions/1", "model_metadata", {"model": "mlp", "version": "1"}),
     ("GET", "/v2/models/mlp/config", "model_config", {"model": "mlp"}),

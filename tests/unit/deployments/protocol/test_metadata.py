@@ -22,6 +22,7 @@ from deployments.protocol import (
     error_body,
     metadata_json,
     model_config_json,
+    served_extensions,
     server_metadata_json,
     stats_json,
 )
@@ -108,7 +109,19 @@ def test_server_metadata_names_the_extensions():
     body = server_metadata_json()
     assert body["name"] == "raybatch"
     assert body["version"] == importlib.metadata.version("raybatch")
-    assert {"binary_tensor_data", "statistics"} <= set(body["extensions"])
+    assert body["extensions"] == ["binary_tensor_data", "model_repository", "statistics"]
+    assert server_metadata_json("triton", "1", ["x"]) == {
+        "name": "triton", "version": "1", "extensions": ["x"]}
+
+
+@pytest.mark.parametrize(("kinds", "more"), [
+    (["dynamic"], []),
+    (["dynamic", "sequence"], ["sequence"]),
+    (["iterative", "sequence", "sequence"], ["sequence", "generate"]),
+])
+def test_the_extensions_list_what_the_models_need_served(kinds, more):
+    assert list(served_extensions(kinds)) == [
+        "binary_tensor_data", "model_repository", "statistics", *more]
 
 
 def test_stats_use_tritons_field_names():
