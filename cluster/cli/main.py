@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     join = sub.add_parser("join", help="start this machine as a Ray node (ray start) with its "
                                        "numa<N> resources and labels; block until stopped")
-    serving.add_join_arguments(join)
-    join.set_defaults(func=_lazy("cluster.cli.serving:join"))
+    from cluster.cli import join as join_cli
+
+    join_cli.add_join_arguments(join)
+    join.set_defaults(func=_lazy("cluster.cli.join:join"))
 
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
     serving.add_status_arguments(st)

@@ -1,11 +1,12 @@
-"""`raybatch up`, `join` and `status`: bring the app up on Ray, add nodes, look at it.
+"""`raybatch up` and `status`: bring the app up on Ray, look at it (`join`, which adds
+nodes, is in `cluster.cli.join`).
 
 `up` starts a local Ray in this process (the embedded default) or joins one
 (`--address`), deploys the app from the config, prints the URLs and an example
 request, and runs until Ctrl-C; then it deletes the app, which stops every
 batching and replica actor. A local Ray it starts advertises this machine's
 `numa<N>` resources and labels (`cluster.raynode`), so replicas pin themselves;
-`join` starts `ray start` on another machine with its own. `status` asks the
+`raybatch join` starts `ray start` on another machine with its own. `status` asks the
 running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
 queue depth and batch statistics.
 """
@@ -93,6 +94,8 @@ def up(args: argparse.Namespace) -> int:
     from cluster.cli.startup import deploy, stop
     from deployments.app import build_app
 
+    if not _fits(config, local):
+        return stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
     if not stopper.requested.is_set():
         serve.start(http_options={"host": host, "port": port},
                     **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
@@ -114,6 +117,27 @@ def up(args: argparse.Namespace) -> int:
                                                    stopper)
         stopper.requested.wait()
     return stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+
+
+def _fits(config: Any, local: bool) -> bool:
+    """Whether the config's minimum fits the cluster (`cluster.fit`); a local Ray cannot
+    grow, so it is refused there; a cluster may (an autoscaler), so it is told."""
+    import sys
+
+    import ray
+
+    from cluster.fit import check_fit
+    from cluster.modelpath import ConfigError
+
+    try:
+        check_fit(config, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+    except ConfigError as e:
+        if local:
+            print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+            return False
+        print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
+              "Ctrl-C stops", flush=True)
+    return True
 
 
 def _claim_ports(ports: list[int], config: str | None) -> Any:
@@ -235,70 +259,6 @@ def local_node_options(root: str | None) -> dict[str, Any]:
     print("node resources: " + ", ".join(f"{k}={v:g}" for k, v in resources.items()),
           flush=True)
     return {"resources": resources, "labels": node_labels(topology)}
-
-
-def add_join_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", metavar="HOST:PORT",
-                   help="the cluster's head (its GCS address, as `ray start` prints it)")
-    p.add_argument("--head", action="store_true",
-                   help="start a head node instead, for other machines to join")
-    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
-    p.add_argument("--sysfs-root", metavar="DIR",
-                   help="describe the machine from DIR laid out like /sys (default: "
-                        "$RAYBATCH_SYSFS_ROOT, else /sys)")
-    p.add_argument("--config", help="the YAML config whose Serve settings (ingress.haproxy) "
-                                    "the node's environment gets (default: the bundled demo)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the `ray start` command and exit")
-    p.add_argument("ray_args", nargs=argparse.REMAINDER,
-                   help="after --, more `ray start` options (e.g. -- --object-store-memory N)")
-
-
-def join(args: argparse.Namespace) -> int:
-    """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
-    import shlex
-    import subprocess
-    import sys
-
-    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
-    from cluster.raynode import ray_start_argv
-    from cluster.topology import TopologyError, discover
-
-    root = args.sysfs_root or sysfs_root()
-    extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
-    try:
-        argv = ray_start_argv(discover(root), address=args.address, head=args.head,
-                              num_cpus=args.num_cpus, ray=_ray_executable(), extra=extra)
-    except (TopologyError, ValueError) as e:
-        print(f"raybatch join: {e}", file=sys.stderr)
-        return 2
-    print("$ " + shlex.join(argv), flush=True)
-    # The node's Ray processes (and the Serve controller, if it lands here) read Serve's
-    # switches from this environment; a value already set wins.
-    from cluster.config import load_default
-    from cluster.render import serve_environment
-
-    serve_env = serve_environment(load_default(args.config))
-    if serve_env.pop("RAY_SERVE_ENABLE_HA_PROXY", None) and haproxy_available():
-        serve_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-    env = {**serve_env, **os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
-    print("with " + " ".join(f"{k}={env[k]}" for k in serve_env), flush=True)
-    if args.dry_run:
-        return 0
-    proc = subprocess.Popen(argv, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
-        return proc.wait()
-
-
-def _ray_executable() -> str:
-    """The `ray` script of this Python environment, else whatever `ray` is on PATH."""
-    import shutil
-    import sys
-
-    here = os.path.join(os.path.dirname(sys.executable), "ray")
-    return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")
 
 
 def _print_metrics(config: Any) -> None:

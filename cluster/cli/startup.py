@@ -174,13 +174,19 @@ class ProgressView:
             self.drawn = 0
 
 
-def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper) -> int:
+def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
+         deployed: bool = True) -> int:
     """Delete the app (its requests in flight finish first), then, for a local run, Serve
     and Ray. Names what it waits for past NOTE_EVERY_S; a local run gives up at
     `timeout_s` and kills what is left. Returns the exit status."""
     import ray
     from ray import serve
 
+    if not deployed:
+        if local:
+            ray.shutdown()
+            _end_leftovers(stopper)
+        return 1
     print("stopping: deleting the app; requests in flight finish first"
           + (f" (up to {timeout_s:g} s)" if local else ""), flush=True)
     started = time.monotonic()
@@ -201,7 +207,12 @@ def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper) -> int:
     if local:
         serve.shutdown()
         ray.shutdown()
-        if stopper.run is not None:  # whatever Ray left (its agents, HAProxy)
-            runs.end(runs.processes_of(stopper.run.run_id), grace_s=1.0)
-            stopper.run.forget()
+        _end_leftovers(stopper)
     return 0
+
+
+def _end_leftovers(stopper: Stopper) -> None:
+    """End whatever Ray left of this run (its agents, HAProxy) and forget the run."""
+    if stopper.run is not None:
+        runs.end(runs.processes_of(stopper.run.run_id), grace_s=1.0)
+        stopper.run.forget()
