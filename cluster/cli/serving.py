@@ -34,6 +34,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int,
                    help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those Ray "
+                                                 "finds)")
     p.add_argument("--metrics-port", type=int,
                    help="port of the local Ray's Prometheus metrics, raybatch_* included "
                         "(default: one Ray picks; printed)")
@@ -86,7 +88,8 @@ def up(args: argparse.Namespace) -> int:
               flush=True)
     if not args.address:
         _quiet_token_auth_notice()
-    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node)
+    ray.init(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+             include_dashboard=False, **node)
     stopper.install()  # again: ray.init sets a SIGTERM handler of its own
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)

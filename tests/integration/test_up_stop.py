@@ -34,11 +34,12 @@ READY = "Stop with Ctrl-C."
 class Up:
     """`raybatch up` on CONFIG in a new session, its output read line by line."""
 
-    def __init__(self, env: dict[str, str], ports: dict[str, int]) -> None:
+    def __init__(self, env: dict[str, str], ports: dict[str, int], config: Path = CONFIG,
+                 *args: str) -> None:
         self.ports = ports
-        cmd = [sys.executable, "-m", "cluster.cli.main", "up", "--config", str(CONFIG),
-               "--num-cpus", "2", "--port", str(ports["http"]),
-               "--grpc-port", str(ports["grpc"])]
+        cmd = [sys.executable, "-m", "cluster.cli.main", "up", "--config", str(config),
+               "--port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
+               *(args or ("--num-cpus", "2"))]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
@@ -78,7 +79,8 @@ class Up:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"still running after {timeout_s} s:\n{self.text()[-3000:]}")
+            raise AssertionError(f"still running after {timeout_s} s:\n{self.text()[-3000:]}") \
+                from None
 
     def kill(self) -> None:
         try:
@@ -88,11 +90,15 @@ class Up:
         self.proc.wait()
 
     def answers(self) -> None:
-        url = f"http://127.0.0.1:{self.ports['http']}/small/v2/models/square/infer"
-        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
-                                       "data": [3.0]}]}).encode()
-        with urllib.request.urlopen(url, body, timeout=30) as r:
-            assert json.load(r)["outputs"][0]["data"] == [9.0]
+        out = self.infer("/small", "square", {"name": "INPUT0", "datatype": "FP32",
+                                              "shape": [1], "data": [3.0]})
+        assert out["outputs"][0]["data"] == [9.0]
+
+    def infer(self, prefix: str, model: str, tensor: dict) -> dict:
+        url = f"http://127.0.0.1:{self.ports['http']}{prefix}/v2/models/{model}/infer"
+        body = json.dumps({"inputs": [tensor]}).encode()
+        with urllib.request.urlopen(url, body, timeout=60) as r:
+            return json.load(r)
 
 
 @pytest.fixture
@@ -120,9 +126,9 @@ def world(tmp_path: Path):
         os.environ[runs.STATE_DIR_ENV] = old
 
 
-def start(world) -> Up:
+def start(world, config: Path = CONFIG, *args: str) -> Up:
     env, ports, started = world
-    up = Up(env, ports)
+    up = Up(env, ports, config, *args)
     started.append(up)
     return up
 
@@ -198,7 +204,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
 
 
 def test_a_port_held_by_another_process_is_refused_with_its_pid_and_the_command(world):
-    env, ports, _ = world
+    _, ports, _ = world
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", ports["grpc"]))
