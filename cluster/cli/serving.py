@@ -97,8 +97,9 @@ def up(args: argparse.Namespace) -> int:
     from cluster.cli.startup import deploy, stop
     from deployments.app import build_app
 
-    if not _fits(config, local):
-        return stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+    if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
+        stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+        return 0 if stopper.requested.is_set() else 1
     if not stopper.requested.is_set():
         serve.start(http_options={"host": host, "port": port},
                     **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))

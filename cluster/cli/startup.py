@@ -182,11 +182,11 @@ def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
     import ray
     from ray import serve
 
-    if not deployed:
+    if not deployed:  # Ray only: nothing of the app to delete
         if local:
             ray.shutdown()
             _end_leftovers(stopper)
-        return 1
+        return 0
     print("stopping: deleting the app; requests in flight finish first"
           + (f" (up to {timeout_s:g} s)" if local else ""), flush=True)
     started = time.monotonic()

@@ -214,3 +214,13 @@ def test_a_port_held_by_another_process_is_refused_with_its_pid_and_the_command(
     text = up.text()
     assert f"port {ports['grpc']}: held by pid {os.getpid()}" in text, text
     assert f"`kill {os.getpid()}`" in text, text
+
+
+def test_ctrl_c_while_ray_starts_stops_it_cleanly(world):
+    up = start(world)
+    up.wait_for("numa")  # printed just before the local Ray starts
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=60) == 0, up.text()[-3000:]
+    assert "Traceback" not in up.text() and "deploying" not in up.text(), up.text()
+    time.sleep(1)
+    assert not left_behind()
