@@ -66,10 +66,11 @@ def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
     while not stopper.requested.wait(POLL_S):
         state = serve.status().applications.get(name)
         status = str(getattr(state, "status", "DEPLOYING"))
-        if status.endswith("RUNNING"):
+        status = status.rsplit(".", 1)[-1]
+        if status == "RUNNING":
             view.done(f"deployed in {time.monotonic() - started:.1f} s")
             return "running"
-        if status.endswith("DEPLOY_FAILED") or status.endswith("UNHEALTHY"):
+        if status == "DEPLOY_FAILED":  # as serve.run: an unhealthy replica is replaced
             view.done("")
             messages = [state.message, *(d.message for d in state.deployments.values())]
             return "\n".join(m for m in messages if m) or status
@@ -83,7 +84,8 @@ def pending_lines(app_state: Any) -> list[str]:
     each actor Ray has not finished creating, with why."""
     lines = []
     for name, d in (getattr(app_state, "deployments", None) or {}).items():
-        if str(d.status).endswith("HEALTHY"):
+        healthy = str(d.status).rsplit(".", 1)[-1] == "HEALTHY"
+        if healthy and set(d.replica_states) <= {"RUNNING"}:
             continue
         states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(d.replica_states.items()))
         lines.append(f"  {name}: {states or 'no replicas yet'}")
@@ -95,8 +97,11 @@ def pending_lines(app_state: Any) -> list[str]:
     return lines
 
 
-def pending_actors() -> list[dict[str, Any]]:
-    """Actors that are not created yet (GCS), with the resources they ask for."""
+def pending_actors(states: tuple[str, ...] = ("PENDING_CREATION", "DEPENDENCIES_UNREADY",
+                                              "RESTARTING"),
+                   prefix: str = "") -> list[dict[str, Any]]:
+    """Actors in one of `states` (by default: not created yet), read from the GCS, with
+    the resources they ask for; only those whose class name starts with `prefix`."""
     from ray._private import state
     from ray.core.generated import gcs_pb2
 
@@ -109,13 +114,23 @@ def pending_actors() -> list[dict[str, Any]]:
     found = []
     for raw in table:
         a = gcs_pb2.ActorTableData.FromString(raw)
-        if names(a.state) in ("PENDING_CREATION", "DEPENDENCIES_UNREADY", "RESTARTING"):
+        if names(a.state) in states and a.class_name.startswith(prefix):
             kind, _, rest = a.class_name.partition(":")  # ServeReplica:app:deployment
             label = f"{rest.rpartition(':')[2]} replica" if kind == "ServeReplica" else kind
             found.append({"label": label, "pid": a.pid,
                           "resources": {k: v for k, v in a.required_resources.items()
                                         if v and k != "memory"}})
     return found
+
+
+def stopping_lines(app_name: str, app_state: Any) -> list[str]:
+    """What a deleting app still waits for: its deployments' replicas, and the Serve
+    replicas of the app that are still alive (finishing their requests in flight)."""
+    alive = pending_actors(("ALIVE",), prefix=f"ServeReplica:{app_name}:")
+    status = str(getattr(app_state, "status", "")).rsplit(".", 1)[-1]
+    return [f"app {app_name} {status.lower()}".rstrip(), *pending_lines(app_state),
+            *(f"{a['label']} (pid {a['pid']}) finishing its requests in flight"
+              for a in alive)]
 
 
 def why_pending(actor: dict[str, Any], free: dict[str, float]) -> str:
@@ -199,7 +214,7 @@ def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
                   "run's processes; requests still in flight fail", flush=True)
             stopper.now()
         if now >= note_at:
-            waiting = "; ".join(line.strip() for line in pending_lines(state)) or "Serve"
+            waiting = "; ".join(line.strip() for line in stopping_lines(app_name, state))
             print(f"still stopping after {now - started:.0f} s, waiting for: {waiting} "
                   "(Ctrl-C again to stop at once)", flush=True)
             note_at = now + NOTE_EVERY_S

@@ -224,3 +224,79 @@ def test_ctrl_c_while_ray_starts_stops_it_cleanly(world):
     assert "Traceback" not in up.text() and "deploying" not in up.text(), up.text()
     time.sleep(1)
     assert not left_behind()
+
+
+def gated_config(tmp_path: Path, gate: Path, stop_timeout_s: float) -> Path:
+    path = tmp_path / "gated.yaml"
+    path.write_text(json.dumps({
+        "app_name": "raybatch-gated",
+        "ingress": {"num_cpus": 0.1, "route_prefix": "/small",
+                    "stop_timeout_s": stop_timeout_s},
+        "models": [{"name": "square", "transformer": "tests.models:Gated",
+                    "init_kwargs": {"gate_path": str(gate)},
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "replicas": {"num_cpus": 0.1}, "warmup": {"enabled": False}}]}))
+    return path
+
+
+def in_flight(up: Up) -> dict:
+    """A request sent on a thread; `result` gets its answer or its error."""
+    result: dict = {}
+
+    def send() -> None:
+        try:
+            result["out"] = up.infer("/small", "square", {
+                "name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [3.0]})
+        except Exception as e:  # what the client saw, asserted by the caller
+            result["error"] = e
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    result["thread"] = thread
+    return result
+
+
+def test_ctrl_c_lets_a_request_in_flight_finish_saying_what_it_waits_for(world, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    up = start(world, gated_config(tmp_path, gate, stop_timeout_s=60))
+    up.wait_for(READY)
+    request = in_flight(up)
+    time.sleep(2)  # at the closed gate
+    up.ctrl_c()
+    up.wait_for("still stopping after")  # it says what it is waiting for
+    print(up.out[-1])
+    assert "finishing its requests in flight" in up.out[-1], up.out[-1]
+    gate.unlink()
+    assert up.exit_code(timeout_s=30) == 0, up.text()[-3000:]
+    request["thread"].join(timeout=10)
+    assert request.get("out", {}).get("outputs", [{}])[0].get("data") == [4.0], request
+
+
+def test_a_request_in_flight_past_the_bound_is_given_up_on(world, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    up = start(world, gated_config(tmp_path, gate, stop_timeout_s=4))
+    up.wait_for(READY)
+    in_flight(up)
+    time.sleep(2)
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=4 + 10) == 130, up.text()[-3000:]
+    print(f"Ctrl-C to exit with a request held: {time.monotonic() - t0:.1f} s (bound 4 s)")
+    assert "gave up after 4 s (ingress.stop_timeout_s)" in up.text()
+    time.sleep(1)
+    assert not left_behind()
+
+
+def test_raybatch_down_stops_a_running_up(world):
+    env, _, _ = world
+    up = start(world)
+    up.wait_for(READY)
+    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert f"stopping the running `raybatch up` (pid {up.proc.pid})" in down.stdout
+    assert up.exit_code(timeout_s=5) == 0, up.text()[-3000:]
+    assert not left_behind()
