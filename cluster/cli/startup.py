@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from cluster.cli import runs
 
 POLL_S = 0.5
+MODEL_REPLICAS = ("ModelReplica", "SequenceReplica", "StepReplica")
 NOTE_EVERY_S = 3.0
 
 
@@ -140,8 +141,10 @@ def why_pending(actor: dict[str, Any], free: dict[str, float]) -> str:
         return ("waiting for resources: asks " + _fmt(asks) + ", free "
                 + _fmt({k: free.get(k, 0.0) for k in short}))
     if not actor["pid"]:
-        return "starting a process (" + _fmt(asks) + ")"
-    return "initialising (model setup, then warm-up)"
+        return "starting a process" + (f" ({_fmt(asks)})" if asks else "")
+    if actor["label"] in MODEL_REPLICAS:  # its constructor builds the model and warms it up
+        return "initialising (model setup, then warm-up)"
+    return "initialising"
 
 
 def _fmt(resources: dict[str, float]) -> str:

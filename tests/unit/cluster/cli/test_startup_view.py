@@ -18,7 +18,11 @@ def test_why_an_actor_is_pending():
     assert why_pending(gpu, {"CPU": 4}) == \
         "waiting for resources: asks CPU 2, GPU 0.5, free GPU 0"
     assert why_pending(gpu, {"CPU": 4, "GPU": 1}).startswith("starting a process")
-    assert why_pending({**gpu, "pid": 42}, {"CPU": 4, "GPU": 1}).startswith("initialising")
+    assert why_pending({**gpu, "pid": 42}, {"CPU": 4, "GPU": 1}) == \
+        "initialising (model setup, then warm-up)"
+    batcher = {"label": "BatcherActor", "pid": 0, "resources": {}}
+    assert why_pending(batcher, {}) == "starting a process"
+    assert why_pending({**batcher, "pid": 7}, {}) == "initialising"
 
 
 def test_a_terminal_is_redrawn_in_place_and_a_pipe_gets_each_change_once():
