@@ -58,3 +58,17 @@ def test_an_actor_larger_than_every_node_is_refused_though_the_sum_fits():
     c = config(1, replicas={"num_cpus": 4})
     assert shortfall(minimum_demand(c), [{"CPU": 3}, {"CPU": 3}]) == [
         "one m replica asks CPU 4; no node has that much (the largest has CPU 3)"]
+
+
+def test_up_refuses_a_local_ray_that_cannot_fit_and_waits_on_a_cluster(monkeypatch, capsys):
+    import types
+
+    from cluster.cli.serving import _fits
+
+    fake = types.SimpleNamespace(nodes=lambda: [{"Alive": True, "Resources": {"CPU": 16}}])
+    monkeypatch.setitem(__import__("sys").modules, "ray", fake)
+    c = load_config(GPU_YAML)
+    assert not _fits(c, local=True)
+    assert "GPU: 1 mlp replica x 0.5" in capsys.readouterr().err
+    assert _fits(c, local=False)  # a cluster may grow: deploy, and say what it waits for
+    assert "waiting for the cluster to grow" in capsys.readouterr().out
