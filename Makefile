@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup sysdeps serve test lint bench clean k8s notebooks notebooks-clean
+.PHONY: setup sysdeps serve test lint bench gpu-check clean k8s notebooks notebooks-clean
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
 # Grafana dashboard's queries in tests/integration/test_prometheus.py; wrk drives the HTTP
@@ -70,6 +70,11 @@ notebooks-clean: $(JUPYTER_STAMP)
 k8s: $(STAMP)
 	$(BIN)/raybatch render k8s --config deployments/configs/demo.yaml -o k8s/demo
 	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
+
+# On a machine with one NVIDIA GPU: the GPU example deployed, checked against the CPU and
+# loaded (benchmarks/gpu_check.py); without one it says SKIP.
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.embedded_vs_seed

@@ -152,7 +152,7 @@ def spy(pid: int, seconds: float, raw: Path) -> subprocess.Popen:
 
 async def profile_model(name: str, c: int, duration_s: float, binary: bool,
                         out: Path, variant: str = "ingress+idle",
-                        path: str = "http") -> dict[str, Any]:
+                        path: str = "http", process: str = "engine") -> dict[str, Any]:
     from ray import serve
 
     from benchmarks.serve_drivers import http_body, http_url
@@ -185,7 +185,7 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             return await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
                                            duration_s=seconds)
     [ingress] = pids_titled(f"ray::ServeReplica:{app}:Ingress")
-    if path == "client" and variant.startswith("actor"):
+    if variant.startswith("actor") and (path == "client" or process == "batcher"):
         [ingress] = pids_titled("ray::BatcherActor")  # where the engine runs
     replicas = pids_titled("ray::ModelReplica")
     await load(1)
@@ -238,7 +238,7 @@ async def main_async(args: argparse.Namespace) -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": FULL.port})
         for name in args.models:
             await profile_model(name, args.concurrency, args.duration, not args.json_http,
-                                Path(args.out), args.variant, args.path)
+                                Path(args.out), args.variant, args.path, args.process)
     finally:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
         await serve.shutdown_async()
@@ -254,6 +254,9 @@ def main() -> None:
     ap.add_argument("--out", default=".", help="where the samples and summaries go")
     ap.add_argument("--variant", default="ingress+idle", choices=RAYBATCH_VARIANTS)
     ap.add_argument("--path", default="http", choices=("http", "handle", "client"))
+    ap.add_argument("--process", default="engine", choices=("engine", "batcher"),
+                    help="with an actor variant over HTTP: profile the batching actor "
+                         "instead of the ingress")
     args = ap.parse_args()
     configure_environment(replace(FULL, variants=(args.variant,), peers=()))
     t0 = time.perf_counter()

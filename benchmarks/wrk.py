@@ -113,14 +113,16 @@ def wrk_binary() -> str:
 
 
 def run_wrk(url: str, body: bytes, headers: dict[str, str], *, connections: int,
-            duration_s: float, timeout_s: float = 30.0) -> WrkResult:
-    """One closed-loop wrk run of `connections` keep-alive connections (one thread)."""
+            duration_s: float, timeout_s: float = 30.0, threads: int = 1) -> WrkResult:
+    """One closed-loop wrk run of `connections` keep-alive connections (`threads` threads:
+    one is the least CPU on a 2-core machine; a many-core GPU machine needs more)."""
     with tempfile.TemporaryDirectory(prefix="raybatch-wrk-") as tmp:
         body_path = Path(tmp) / "body"
         body_path.write_bytes(body)
         script = Path(tmp) / "post.lua"
         script.write_text(lua_script(str(body_path), headers))
-        argv = [wrk_binary(), "-t1", f"-c{connections}", f"-d{max(1, round(duration_s))}s",
+        argv = [wrk_binary(), f"-t{max(1, min(threads, connections))}", f"-c{connections}",
+                f"-d{max(1, round(duration_s))}s",
                 f"--timeout={int(timeout_s)}s", "-s", str(script), url]
         before = _children_cpu_s()  # wrk's own CPU: what reaping it adds to our children's
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
