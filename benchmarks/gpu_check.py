@@ -201,16 +201,19 @@ def histogram(by_size: Counter) -> str:
                     for low in sorted(buckets))
 
 
-def cpu_stand_in(config_path: Path) -> Path:
-    """The config with its GPU models on the CPU: `num_gpus` 0 and the placement a GPU
-    model gets by default (one batching actor), so the same path runs without a GPU."""
+def cpu_stand_in(config_path: Path, names: list[str]) -> Path:
+    """The config with only the models checked, on the CPU: `num_gpus` 0, one pinned core
+    a replica, and the placement a GPU model gets by default (one batching actor), so the
+    same path runs on a small machine without a GPU."""
     import tempfile
 
     import yaml
 
     doc = yaml.safe_load(config_path.read_text())
+    doc["models"] = [m for m in doc["models"] if m["name"] in names]
     for model in doc["models"]:
         replicas = model.setdefault("replicas", {})
+        replicas["num_cpus"] = 1
         if replicas.get("num_gpus"):
             replicas["num_gpus"] = 0
             model.setdefault("batcher", {}).setdefault("placement", "actor")
@@ -281,7 +284,7 @@ def main() -> int:
               f"{ceilings[m.name]:,.0f} items/s", flush=True)
 
     t0 = time.monotonic()
-    served = str(ROOT / args.config) if cuda else str(cpu_stand_in(ROOT / args.config))
+    served = str(ROOT / args.config) if cuda else str(cpu_stand_in(ROOT / args.config, args.models))
     proc = start_up(served, [] if cuda else ["--num-cpus", "16"], timeout_s=600)
     failures = 0
     try:
