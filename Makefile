@@ -43,12 +43,12 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# The notebooks run in a pytest of their own, after the suite's: the suite's Ray and Serve
+# tests/run.sh: the unit tests beside the integration and e2e tests (two lanes, two cores),
+# then the notebooks in a pytest of their own, after the suite's: the suite's Ray and Serve
 # are gone by then, and each notebook that needs Ray starts (and stops) its own.
 # Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: sysdeps lint
-	$(BIN)/python -m pytest -q
-	$(BIN)/python -m pytest -q --nbmake notebooks
+	PY=$(BIN)/python bash tests/run.sh
 
 # JupyterLab on the notebooks (installs the `jupyter` extra on first use).
 $(JUPYTER_STAMP): $(STAMP)
