@@ -1,5 +1,5 @@
-"""Where a `RaybatchClient` bundle's round trip goes: the probe behind issue 10's
-"RaybatchClient >= 0.95 of the ceiling" analysis.
+"""Where a `RaybatchClient` bundle's round trip goes: the probe behind the
+"RaybatchClient >= 0.95 of the ceiling" target's analysis (docs/performance.md).
 
     python -m benchmarks.client_roundtrip [--model sleep] [--rounds 30]
 

@@ -10,7 +10,7 @@ worker process. The machine is shared, so what is reported are ratios taken
 seconds apart: embedded/seed per point, and each host against the ceiling
 measured just before it, with the 1-minute load average beside them.
 
-Targets (from the issue): at C=128 the embedded host reaches >= 0.85 of the
+Targets: at C=128 the embedded host reaches >= 0.85 of the
 ceiling and >= 3x the seed's throughput; at C=1 its p50 is not above the seed's.
 `OMP_NUM_THREADS=1` is set before torch loads (it loads lazily), for this process and the
 workers it starts, because `torch.set_num_threads(1)` alone can leave an OpenMP

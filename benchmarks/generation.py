@@ -16,7 +16,7 @@ in one worker thread, plus `--step-overhead-ms` per step standing for a Ray hop)
   none        max_active=1: one sequence at a time.
 Reported per mode: generated tokens/s over the run, time to first token and end
 to end latency (p50/p99), steps and mean active sequences per step; then the
-ratios continuous/lockstep and continuous/none. Target (from the issue):
+ratios continuous/lockstep and continuous/none. Target:
 continuous >= 2x lockstep tokens/s, with a lower TTFT p99.
 `OMP_NUM_THREADS=1` is set before torch loads: the machine's 2 cores are shared
 by the event loop and the model thread.

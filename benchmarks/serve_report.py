@@ -52,7 +52,7 @@ def _at_least(name: str, value: float | None, bound: float, detail: str = "") ->
 
 
 def _variant_targets(results: dict[str, Any], rb: str) -> list[dict[str, Any]]:
-    """Issue 10's targets for one Raybatch variant `rb`."""
+    """The product-path targets (docs/performance.md) for one Raybatch variant `rb`."""
     out = []
     binary = results.get("settings", {}).get("binary_http", True)
     if (p := _point(results, "sleep", SLEEP_C)) is not None:
@@ -101,7 +101,7 @@ def _variant_targets(results: dict[str, Any], rb: str) -> list[dict[str, Any]]:
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets for each Raybatch variant, each with its measured value (None:
+    """The product-path targets for each Raybatch variant, each with its measured value (None:
     not measured in this run)."""
     return [t for rb in _variants(results) for t in _variant_targets(results, rb)]
 
