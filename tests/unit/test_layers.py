@@ -151,3 +151,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+MAX_LINES = 450
+
+
+def test_every_module_stays_within_450_lines():
+    """A module a reader can hold in mind: past 450 lines, split it by what it decides."""
+    roots = [ROOT / pkg for pkg in (*PACKAGES, "benchmarks")] + [ROOT / "docs"]
+    long = {str(p.relative_to(ROOT)): n for root in roots for p in root.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these modules (at most {MAX_LINES} lines each): {long}"
