@@ -77,7 +77,7 @@ k8s: $(STAMP)
 	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.embedded_vs_seed
+	$(BIN)/python -m benchmarks.engine.embedded_vs_seed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

@@ -73,7 +73,7 @@ def _type_name(annotation: object) -> str:
     if isinstance(annotation, type):
         if issubclass(annotation, enum.Enum):
             return " | ".join(repr(m.value) for m in annotation)
-        return annotation.__name__
+        return "None" if annotation is type(None) else annotation.__name__
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Literal:
@@ -154,7 +154,9 @@ def render_reference() -> str:
         lines += ["| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in cls.model_fields.items():
             meaning = docs.get(name) or (field.description or "")
-            lines.append(f"| `{name}` | `{_cell(_type_name(field.annotation))}` | "
+            # a pipe inside a code span does not split a cell (Python-Markdown's tables)
+            kind = " ".join(_type_name(field.annotation).split())
+            lines.append(f"| `{name}` | `{kind}` | "
                          f"{_cell(_default(field))} | {_cell(meaning)} |")
         lines.append("")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """CPU of Raybatch's own Python per `RaybatchClient` request, in one process, without Ray.
 
-    python -m benchmarks.bundle_path [--requests N] [--concurrency C] [--repeats R]
+    python -m benchmarks.serve.bundle_path [--requests N] [--concurrency C] [--repeats R]
         [--model sleep|mlp] [--unstacked] [--profile OUT.prof]
 
 What a `RaybatchClient` request costs on both sides of its one Ray call, measured where
@@ -12,7 +12,7 @@ answer), whose one model replica is an in-process echo; the answer is pickled ba
 Left out: Ray's own per-call cost (~0.1-0.2 ms a bundle on each side), the model.
 At C=128 with batches of 64, the two halves (answer in the engine's process, then the
 callers, then the next bundle in the engine) are on the critical path one after the other
-(`benchmarks.client_roundtrip`), so this figure times 64 is what must fit in one batch.
+(`benchmarks.serve.client_roundtrip`), so this figure times 64 is what must fit in one batch.
 `--unstacked` sends bundles as lists of tuples (as before `deployments.bundles`).
 """
 
@@ -27,8 +27,8 @@ from unittest import mock
 
 import numpy as np
 
-from benchmarks.front_path import Echo, best_of, window_arguments
-from benchmarks.serve_models import bench_models, raybatch_config
+from benchmarks.http.front_path import Echo, best_of, window_arguments
+from benchmarks.serve.models import bench_models, raybatch_config
 
 
 class _Call:

@@ -1,13 +1,13 @@
 """What Raybatch's metrics cost: the same app with and without them, on the client path
 (`RaybatchClient`) and on the HTTP path (`wrk` at the ingress replica's fast path).
 
-    python -m benchmarks.metrics_overhead [--models square sleep] [--paths client http]
+    python -m benchmarks.serve.metrics_overhead [--models square sleep] [--paths client http]
         [--concurrency 128] [--rounds 10] [--duration 2] [--warmup 0.5]
         [--placement ingress|actor] [--json OUT]
-    python -m benchmarks.metrics_overhead --micro     # the actor's recording alone, no Ray
+    python -m benchmarks.serve.metrics_overhead --micro     # the actor's recording alone, no Ray
 
 One local Ray, Serve throughput-optimized with direct ingress as in
-`benchmarks.serve_compare`. Per model, two Raybatch apps side by side, identical
+`benchmarks.serve.compare`. Per model, two Raybatch apps side by side, identical
 but for `metrics.enabled` (`metrics-on`, `metrics-off`), each one ingress replica
 (the engine where `batcher.placement` puts it: the ingress, by default, for a
 one-shard dynamic model). Per path, each variant is driven in turn, closed-loop at
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.serve_compare import FULL, configure_environment
-from benchmarks.serve_models import MAX_BATCH_SIZE, bench_models, raybatch_config
+from benchmarks.serve.models import MAX_BATCH_SIZE, bench_models, raybatch_config
+from benchmarks.serve.settings import FULL, configure_environment
 
 VARIANTS = ("metrics-on", "metrics-off")
 
@@ -77,8 +77,8 @@ def payloads(model: str) -> list[np.ndarray]:
 
 
 async def drive(client: Any, model: str, args: argparse.Namespace) -> dict[str, float]:
-    from benchmarks.loadgen import run_closed_loop
-    from benchmarks.serve_drivers import StatsPoller
+    from benchmarks.common.loadgen import run_closed_loop
+    from benchmarks.serve.drivers import StatsPoller
 
     async def submit(x: np.ndarray) -> Any:
         return await client.infer(model, {"INPUT0": x})
@@ -110,8 +110,8 @@ def point(r: Any, by_title: dict[str, float]) -> dict[str, float]:
 
 async def drive_http(url: str, model: str, args: argparse.Namespace) -> dict[str, float]:
     """One wrk run at `url` (a warm-up second first): throughput, latency, CPU per request."""
-    from benchmarks.serve_drivers import http_body, tree_cpu_s
-    from benchmarks.wrk import run_wrk
+    from benchmarks.common.wrk import run_wrk
+    from benchmarks.serve.drivers import http_body, tree_cpu_s
 
     body, headers = http_body(payloads(model)[0], binary=False)
     await asyncio.to_thread(run_wrk, url, body, headers, connections=args.concurrency,
@@ -142,7 +142,7 @@ async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Per path: every round's figures of both variants, and their summary."""
     from ray import serve
 
-    from benchmarks.serve_drivers import http_url
+    from benchmarks.serve.drivers import http_url
     from cluster.config import load_config
     from deployments.app import build_app
     from deployments.client import RaybatchClient

@@ -1,10 +1,10 @@
-"""How `benchmarks.serve_compare` measures one system at one point, and what it reads back.
+"""How `benchmarks.serve.compare` measures one system at one point, and what it reads back.
 
-Handle points run `benchmarks.loadgen.run_closed_loop` on this process's loop;
-HTTP points run `wrk` (`benchmarks.wrk`) in a thread, a warm-up run then the
+Handle points run `benchmarks.common.loadgen.run_closed_loop` on this process's loop;
+HTTP points run `wrk` (`benchmarks.common.wrk`) in a thread, a warm-up run then the
 measured one. Either way the CPU of every Ray process is read from /proc at
 the window's edges and reported per request: by process title, by process group
-(`benchmarks.serve_drivers.group_of`), for the system's own processes, and with
+(`benchmarks.serve.drivers.group_of`), for the system's own processes, and with
 the HTTP front added (Serve proxy or HAProxy). Batch counts come from the
 system's own statistics (`stats()` for the Serve baselines, `status()` for
 Raybatch), read through its handle.
@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from benchmarks.serve_models import BenchModel
-
-if TYPE_CHECKING:
-    from benchmarks.serve_compare import Settings
+from benchmarks.serve.models import BenchModel
+from benchmarks.serve.settings import Settings
 
 
 def cpu_fields(out: dict[str, Any], by_title: dict[str, float] | None, n: int, app: str,
                 raybatch: bool) -> None:
     """CPU us per request: all Ray processes, by process, by group, and the system's own."""
-    from benchmarks.serve_drivers import FRONTS, cpu_by_group, own_cpu_s
+    from benchmarks.serve.drivers import FRONTS, cpu_by_group, own_cpu_s
 
     per = (lambda v: v / n * 1e6) if n else (lambda v: float("nan"))
     out["server_cpu_s"] = None if by_title is None else sum(by_title.values())
@@ -45,8 +43,8 @@ def cpu_fields(out: dict[str, Any], by_title: dict[str, float] | None, n: int, a
 
 async def measure(submit: Any, payloads: list[Any], fetch: Any, c: int,
                   s: Settings, app: str = "", raybatch: bool = False) -> dict[str, Any]:
-    from benchmarks.loadgen import run_closed_loop
-    from benchmarks.serve_drivers import StatsPoller
+    from benchmarks.common.loadgen import run_closed_loop
+    from benchmarks.serve.drivers import StatsPoller
 
     async with StatsPoller(fetch) as poller:
         r = await run_closed_loop(submit, payloads, concurrency=c, duration_s=s.duration_s,
@@ -59,8 +57,8 @@ async def measure(submit: Any, payloads: list[Any], fetch: Any, c: int,
 async def measure_wrk(url: str, body: tuple[bytes, dict[str, str]], fetch: Any, c: int,
                       s: Settings, app: str, raybatch: bool) -> dict[str, Any]:
     """One HTTP point driven by wrk: a warm-up run, then the measured one."""
-    from benchmarks.serve_drivers import tree_cpu_s
-    from benchmarks.wrk import run_wrk
+    from benchmarks.common.wrk import run_wrk
+    from benchmarks.serve.drivers import tree_cpu_s
 
     data, headers = body
     if not s.disconnect_watch:

@@ -1,10 +1,10 @@
 """In-process cost of the HTTP front: uvicorn + httptools + the app + a model that does
 nothing, driven by `wrk` with a Lua body; no Ray, so what is measured is the front.
 
-    python benchmarks/http_front.py                      # the raw ASGI OipApp, JSON and binary
-    PYTHONPATH=<old checkout> python benchmarks/http_front.py --app fastapi   # the old ingress
-    python benchmarks/http_front.py --app noop           # the floor: uvicorn and sockets
-    python benchmarks/http_front.py --server raybatch    # Raybatch's own HTTP server, not uvicorn
+    python -m benchmarks.http.front                      # the raw ASGI OipApp, JSON and binary
+    PYTHONPATH=<old checkout> python -m benchmarks.http.front --app fastapi   # the old ingress
+    python -m benchmarks.http.front --app noop           # the floor: uvicorn and sockets
+    python -m benchmarks.http.front --server raybatch    # Raybatch's own HTTP server, not uvicorn
 
 `--app fastapi` rebuilds the FastAPI ingress as it was before `deployments/http`
 (a Request, `request.body()`, `_guard`, `Response`) over whichever

@@ -1,9 +1,9 @@
 """Where a `RaybatchClient` bundle's round trip goes: the probe behind the
 "RaybatchClient >= 0.95 of the ceiling" target's analysis (docs/performance.md).
 
-    python -m benchmarks.client_roundtrip [--model sleep] [--rounds 30]
+    python -m benchmarks.serve.client_roundtrip [--model sleep] [--rounds 30]
 
-Deploys one model as `serve_compare --variants ingress+idle+inproc` does (engine and
+Deploys one model as `benchmarks.serve.compare --custom ingress+idle+inproc` does (engine and
 replica in the ingress), then, one round at a time (nothing else in flight): 1 request,
 and 64 requests at once (one bundle, one full batch), through `RaybatchClient`; a bare
 handle call (`Ingress.status`) for the Ray hop alone; and the calling process's CPU per
@@ -19,9 +19,10 @@ import statistics
 import time
 from dataclasses import replace
 
-from benchmarks.serve_compare import FULL, apps, configure_environment, deploy
+from benchmarks.serve.compare import deploy
+from benchmarks.serve.settings import FULL, apps, configure_environment
 
-VARIANT = "ingress+idle+inproc"
+VARIANT = "ingress+idle+inproc"  # a custom setup: engine and replica in the ingress
 
 
 def _ms(samples: list[float]) -> str:
@@ -31,10 +32,10 @@ def _ms(samples: list[float]) -> str:
 async def probe(model_name: str, rounds: int) -> None:
     from ray import serve
 
-    from benchmarks.serve_models import bench_models
+    from benchmarks.serve.models import bench_models
     from deployments.client import RaybatchClient
 
-    s = replace(FULL, variants=(VARIANT,), peers=())
+    s = replace(FULL, setups=(VARIANT,), peers=())
     model = bench_models()[model_name]
     await asyncio.to_thread(deploy, model, s)
     handle = serve.get_app_handle(apps(s)[f"rb:{VARIANT}"][0])
@@ -74,7 +75,7 @@ def main() -> None:
     ap.add_argument("--model", default="sleep", choices=["sleep", "mlp"])
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
-    s = replace(FULL, variants=(VARIANT,), peers=())
+    s = replace(FULL, setups=(VARIANT,), peers=())
     configure_environment(s)
     import ray
     from ray import serve

@@ -1,23 +1,23 @@
 """Where the ingress replica's CPU goes per HTTP (or handle) request, on the product path.
 
-    python -m benchmarks.profile_ingress [--models mlp sleep] [--concurrency 128]
-        [--duration 3] [--json-http] [--out DIR] [--variant ingress+idle+inproc]
-        [--path http|handle]
+    python -m benchmarks.serve.profile_ingress [--models mlp sleep] [--concurrency 128]
+        [--duration 3] [--json-http] [--out DIR] [--setup default|gpu|actor|CUSTOM]
+        [--path http|handle|client]
 
-Per model: one Raybatch app (`batcher.placement: ingress`, `idle_dispatch`, direct
-ingress with Raybatch's fast path, as `benchmarks.serve_compare --variants ingress+idle`
-deploys it) driven by `wrk` at C connections. Two windows: the first measures the
-ingress replica's CPU per request from /proc, split into user (Python, the parser) and
-system (the kernel: sockets, epoll, wake-ups), and the model replicas' too; the second
-runs `py-spy record --nonblocking --gil` on the ingress replica meanwhile and writes its
-samples (`--format raw`) and a summary of them: each function's self and inclusive
-share, and the shares of the cost groups (uvicorn, Raybatch's HTTP front, the codec,
-route, engine, Ray) that the figures are argued from. `--path handle` drives the app's
-DeploymentHandle instead (`handle.infer.remote`, C callers in a closed loop, from this
-process); `--path client` drives it through `RaybatchClient` (C callers of
-`client.infer`), and profiles the process that runs the engine (the batching actor with
-`--variant actor+...`, else the ingress) and this process (the client) side by side;
-`--variant` picks the app as `serve_compare --variants` does.
+Per model: one Raybatch app (a setup of `benchmarks.serve.settings`, the product default
+unless `--setup` names another or a custom spec such as `ingress+idle+inproc`; deployed
+as `benchmarks.serve.compare` deploys it) driven by `wrk` at C connections. Two windows:
+the first measures the ingress replica's CPU per request from /proc, split into user
+(Python, the parser) and system (the kernel: sockets, epoll, wake-ups), and the model
+replicas' too; the second runs `py-spy record --nonblocking --gil` on the ingress
+replica meanwhile and writes its samples (`--format raw`) and a summary of them: each
+function's self and inclusive share, and the shares of the cost groups (uvicorn,
+Raybatch's HTTP front, the codec, route, engine, Ray) that the figures are argued from.
+`--path handle` drives the app's DeploymentHandle instead (`handle.infer.remote`, C
+callers in a closed loop, from this process); `--path client` drives it through
+`RaybatchClient` (C callers of `client.infer`), and profiles the process that runs the
+engine (the batching actor with an `actor` placement, else the ingress) and this process
+(the client) side by side.
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_compare import (
+from benchmarks.serve.compare import deploy, undeploy
+from benchmarks.serve.settings import (
     FULL,
-    RAYBATCH_VARIANTS,
     apps,
     configure_environment,
-    deploy,
     native_port,
-    undeploy,
+    spec_of,
 )
 
 CLOCK = os.sysconf("SC_CLK_TCK")
@@ -72,7 +71,7 @@ def user_sys_s(pid: int) -> tuple[float, float]:
 
 
 def pids_titled(prefix: str) -> list[int]:
-    from benchmarks.serve_drivers import _title, descendants
+    from benchmarks.serve.drivers import _title, descendants
 
     return [p for p in descendants(os.getpid()) if _title(p).startswith(prefix)]
 
@@ -151,15 +150,15 @@ def spy(pid: int, seconds: float, raw: Path) -> subprocess.Popen:
 
 
 async def profile_model(name: str, c: int, duration_s: float, binary: bool,
-                        out: Path, variant: str = "ingress+idle",
+                        out: Path, variant: str = "default",
                         path: str = "http") -> dict[str, Any]:
     from ray import serve
 
-    from benchmarks.serve_drivers import http_body, http_url
-    from benchmarks.serve_models import bench_models
-    from benchmarks.wrk import run_wrk
+    from benchmarks.common.wrk import run_wrk
+    from benchmarks.serve.drivers import http_body, http_url
+    from benchmarks.serve.models import bench_models
 
-    s = replace(FULL, variants=(variant,), peers=(), binary_http=binary)
+    s = replace(FULL, setups=(variant,), peers=(), binary_http=binary)
     model = bench_models()[name]
     await asyncio.to_thread(deploy, model, s)
     app, prefix = apps(s)[f"rb:{variant}"]
@@ -185,7 +184,7 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             return await asyncio.to_thread(run_wrk, url, data, headers, connections=c,
                                            duration_s=seconds)
     [ingress] = pids_titled(f"ray::ServeReplica:{app}:Ingress")
-    if path == "client" and variant.startswith("actor"):
+    if path == "client" and spec_of(variant).startswith("actor"):
         [ingress] = pids_titled("ray::BatcherActor")  # where the engine runs
     replicas = pids_titled("ray::ModelReplica")
     await load(1)
@@ -196,7 +195,7 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
     m1 = sum(sum(user_sys_s(p)) for p in replicas)
     n = r.requests
     body = path if path in ("handle", "client") else "binary" if binary else "json"
-    suffix = "" if variant == "ingress+idle" else "_" + variant.replace("+", "-")
+    suffix = "" if variant == "default" else "_" + variant.replace("+", "-")
     tag = f"{name}_{body}_c{c}{suffix}"
     raw = out / f"pyspy_ingress_{tag}.raw"
     spies = [spy(ingress, duration_s, raw)]
@@ -252,10 +251,16 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--json-http", action="store_true")
     ap.add_argument("--out", default=".", help="where the samples and summaries go")
-    ap.add_argument("--variant", default="ingress+idle", choices=RAYBATCH_VARIANTS)
+    ap.add_argument("--setup", default="default", dest="variant",
+                    help="a named setup (default, gpu, actor) or a custom spec "
+                         "(PLACEMENT+OPTION..., see benchmarks.serve.settings)")
     ap.add_argument("--path", default="http", choices=("http", "handle", "client"))
     args = ap.parse_args()
-    configure_environment(replace(FULL, variants=(args.variant,), peers=()))
+    try:
+        spec_of(args.variant)
+    except ValueError as e:
+        ap.error(str(e))
+    configure_environment(replace(FULL, setups=(args.variant,), peers=()))
     t0 = time.perf_counter()
     asyncio.run(main_async(args))
     print(f"wall {time.perf_counter() - t0:.0f} s", file=sys.stderr)

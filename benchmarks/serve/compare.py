@@ -1,18 +1,19 @@
 """Raybatch against Ray Serve without batching and with `@serve.batch`, in one local Ray.
 
-    python -m benchmarks.serve_compare [--models sleep mlp minilm] [--concurrency 1 16 128 512]
+    python -m benchmarks.serve.compare [--models sleep mlp minilm] [--concurrency 1 16 128 512]
         [--duration S] [--quick] [--json OUT] [--port 8100] [--paths handle http]
-        [--ingress direct proxy haproxy] [--variants actor ingress actor+idle ingress+idle]
-        [--peers serve serve.batch] [--http-driver wrk|aiohttp] [--no-disconnect-watch]
-        [--probes] [--isolate-model-core] [--json-http]
+        [--ingress direct proxy haproxy] [--setups default gpu actor]
+        [--custom PLACEMENT+OPTION...] [--peers serve serve.batch serve.batch.stdjson]
+        [--http-driver wrk|aiohttp] [--no-disconnect-watch] [--probes]
+        [--isolate-model-core] [--json-http]
 
 Per model, one-replica apps run side by side on one Serve HTTP port: `serve` (no
 batching), `serve.batch` (`@serve.batch`, same max batch size and delay) and one
-Raybatch app per `--variants` entry (`rb:<variant>`: `batcher.placement` actor or
-ingress, `+idle` for `idle_dispatch`, `+inproc` for `replicas.in_process`, `+native` for
-Raybatch's own HTTP server, `ingress.native_port`, which the HTTP points then target); see
-`benchmarks.serve_apps` for what is kept equal. Each is driven closed-loop at every C
-through its handle (and Raybatch also through `RaybatchClient`, `rb:<variant>/client`)
+Raybatch app per setup (`rb:<setup>`): the named setups `default` (the product
+default), `gpu` (the GPU setup) and `actor` (the batching-actor setup), and any one-off
+`--custom` spec, option by option (`benchmarks.serve.settings` documents both); see
+`benchmarks.serve.apps` for what is kept equal. Each is driven closed-loop at every C
+through its handle (and Raybatch also through `RaybatchClient`, `rb:<setup>/client`)
 and over HTTP (binary OIP tensors both ways, the same codec on all; `wrk` by default,
 whose own CPU is small). Reported
 per point: throughput, p50/p99, mean batch size, CPU per request of the client, of
@@ -26,7 +27,7 @@ this process and, inherited, in every Ray worker). It turns on direct ingress, s
 `--ingress direct` (the default) sends HTTP straight to each app's ingress replica
 port; `proxy` turns direct ingress off and goes through Serve's proxy; `haproxy`
 sets `RAY_SERVE_ENABLE_HA_PROXY=1` and goes through HAProxy. With more than one,
-each variant runs in a fresh Ray in its own process.
+each front runs in a fresh Ray in its own process.
 
 minilm's model replica is pinned to one core in all three systems, and so is the
 offline encode it is compared with: every thread of the replica's process, which
@@ -35,10 +36,10 @@ and for Raybatch is the model replica alone. Everything else floats over all
 cores, unless `--isolate-model-core` keeps it off that core. Each model's ceiling
 is measured again just before each concurrency point, with the apps idle.
 
-Full run: about 8 minutes for one variant on 2 cores (490 s measured); `--quick`
+Full run: about 8 minutes for one setup on 2 cores (490 s measured); `--quick`
 (C = 1 and the targets' points, 1 s windows) about 2 minutes, noisier. `--probes`
-adds the rows of `benchmarks.serve_probes` (not product paths) and a hop-latency
-table; `--ingress direct proxy haproxy` runs each variant in turn (~8 min each).
+adds the rows of `benchmarks.serve.probes` (not product paths) and a hop-latency
+table; `--ingress direct proxy haproxy` runs each front in turn (~8 min each).
 """
 
 from __future__ import annotations
@@ -55,83 +56,28 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from benchmarks.serve_measure import fetchers, handle_submits, measure, measure_wrk
-from benchmarks.serve_models import BenchModel, bench_models, ceiling, raybatch_config
-from benchmarks.serve_report import LATENCY_C, MINILM_C, SLEEP_C, render, targets
+from benchmarks.serve.measure import fetchers, handle_submits, measure, measure_wrk
+from benchmarks.serve.models import BenchModel, bench_models, ceiling, raybatch_config
+from benchmarks.serve.report import MINILM_C, SLEEP_C, render, targets
+from benchmarks.serve.settings import (
+    FRONTS,
+    FULL,
+    PEER_APPS,
+    PEERS,
+    QUICK,
+    SETUPS,
+    Settings,
+    apps,
+    configure_environment,
+    native_port,
+    spec_of,
+)
+
+# Re-exported: the other serve benchmarks deploy their apps as this one does.
+__all__ = ["FULL", "QUICK", "Settings", "apps", "configure_environment", "deploy", "main",
+           "native_port", "undeploy"]
 
 CONCURRENCIES = (1, 16, 128, 512)
-VARIANTS = ("direct", "proxy", "haproxy")
-PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched"),
-         # @serve.batch with Serve's documented JSON (stdlib), for context; not a default
-         "serve.batch.stdjson": ("serve-batch-stdjson", "/batched-stdjson")}
-PEER_APPS = {"serve": "Plain", "serve.batch": "Batched", "serve.batch.stdjson": "BatchedStdJson"}
-RAYBATCH_VARIANTS = ("actor", "ingress", "actor+idle", "ingress+idle", "actor+access",
-                     "ingress+access", "ingress+idle+access", "ingress+idle+inproc",
-                     "ingress+inproc", "actor+idle+inproc", "ingress+idle+inproc+native",
-                     "actor+idle+native", "ingress+idle+inproc+native+pipe1",
-                     "ingress+idle+inproc+native+fill", "ingress+idle+inproc+fill",
-                     "actor+idle+inproc+fill", "ingress+idle+native",
-                     "ingress+idle+native+fill", "ingress+idle+native+fill+lead2",
-                     "ingress+idle+native+fill+lead3", "ingress+idle+inproc+native+fill+lead0",
-                     "ingress+idle+native+ahead", "ingress+idle+native+fill+ahead",
-                     "actor+idle+native+fill+ahead")
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    warmup_s: float
-    duration_s: float
-    ceiling_s: float
-    concurrencies: tuple[int, ...] | None = None  # None: CONCURRENCIES + each target's C
-    paths: tuple[str, ...] = ("handle", "http")
-    port: int = 8100
-    ingress: str = "direct"
-    binary_http: bool = True
-    probes: bool = False
-    isolate: bool = False  # keep all but the model replicas off the model's core
-    quick: bool = False
-    variants: tuple[str, ...] = ("actor", "ingress")
-    peers: tuple[str, ...] = ("serve", "serve.batch")
-    http_driver: str = "wrk"
-    disconnect_watch: bool = True  # False: clients send x-request-disconnect-disabled: ?1
-    throughput_optimized: bool = True
-
-
-def native_port(s: Settings, system: str) -> int | None:
-    """The port of Raybatch's own HTTP server for a `+native` variant's app, else None."""
-    if not system.startswith("rb:") or "native" not in system.split("+"):
-        return None
-    return s.port + 80 + s.variants.index(system.removeprefix("rb:"))
-
-
-def apps(s: Settings) -> dict[str, tuple[str, str]]:
-    """system -> (Serve app name, route prefix): the peers, then one app per Raybatch variant."""
-    out = {k: v for k, v in PEERS.items() if k in s.peers}
-    for v in s.variants:
-        slug = "rb-" + v.replace("+", "-")
-        out[f"rb:{v}"] = (slug, "/" + slug)
-    return out
-
-
-FULL = Settings(warmup_s=1.0, duration_s=3.0, ceiling_s=1.0)
-QUICK = Settings(warmup_s=0.5, duration_s=1.0, ceiling_s=0.5,
-                 concurrencies=(LATENCY_C, SLEEP_C), quick=True)
-
-
-def configure_environment(s: Settings) -> None:
-    """Serve's switches, read when `ray.serve` is imported: set them before that."""
-    os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] = "1" if s.throughput_optimized else "0"
-    os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "0" if s.ingress == "proxy" else "1"
-    if s.ingress == "haproxy":
-        os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-    # Direct-ingress replicas take ports from these ranges: keep them beside the proxy's.
-    for proto, lo in (("HTTP", 10), ("GRPC", 40)):
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MIN_{proto}_PORT", str(s.port + lo))
-        os.environ.setdefault(f"RAY_SERVE_DIRECT_INGRESS_MAX_{proto}_PORT", str(s.port + lo + 30))
-    # Deleting an app would otherwise hold its direct-ingress replicas 30 s for a load
-    # balancer to notice: there is none here.
-    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "0")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads, here and in workers
 
 
 def concurrencies(model: BenchModel, s: Settings) -> list[int]:
@@ -149,14 +95,14 @@ def deploy(model: BenchModel, s: Settings) -> None:
     """The apps of `model`, side by side (blocking: run it in a thread)."""
     from ray import serve
 
-    from benchmarks import serve_apps
+    from benchmarks.serve import apps as serve_apps
     from cluster.config import load_config
     from deployments.app import build_app
 
     targets = []
     for system, (name, prefix) in apps(s).items():
         if system.startswith("rb:"):
-            cfg = raybatch_config(model, name, prefix, system.removeprefix("rb:"),
+            cfg = raybatch_config(model, name, prefix, spec_of(system.removeprefix("rb:")),
                                   native_port(s, system))
             app = build_app(load_config(cfg))
         else:
@@ -180,7 +126,7 @@ def undeploy(s: Settings, timeout_s: float = 120.0) -> None:
 
 async def pin_raybatch_replica(handle: Any, model: BenchModel) -> None:
     """Pin every thread of the Raybatch model replica's process to the model's core."""
-    from benchmarks.serve_models import pin_process
+    from benchmarks.serve.models import pin_process
 
     if model.pin_core is None:
         return
@@ -222,7 +168,7 @@ async def measure_model(model: BenchModel, s: Settings) -> dict[str, Any]:
 async def drivers(model: BenchModel, s: Settings) -> Drivers:
     from ray import serve
 
-    from benchmarks.serve_drivers import http_body, http_url
+    from benchmarks.serve.drivers import http_body, http_url
 
     handles = {system: serve.get_app_handle(name) for system, (name, _) in apps(s).items()}
     for system, h in handles.items():
@@ -235,8 +181,8 @@ async def drivers(model: BenchModel, s: Settings) -> Drivers:
                       for system, (name, prefix) in apps(s).items()},
                 payloads=payloads, bodies=[http_body(x, s.binary_http) for x in payloads],
                 extra={})
-    if s.probes and "rb:actor" in handles and "serve" in handles:
-        from benchmarks.serve_probes import add_probes
+    if s.probes and "rb:actor" in handles and "serve" in handles:  # the batching-actor setup
+        from benchmarks.serve.probes import add_probes
 
         # The probes reach the actor placement's batching actor (one per model name).
         handles["raybatch"], d.fetch["raybatch"] = handles["rb:actor"], d.fetch["rb:actor"]
@@ -251,7 +197,7 @@ async def drivers(model: BenchModel, s: Settings) -> Drivers:
 async def measure_point(model: BenchModel, c: int, s: Settings, d: Drivers) -> dict[str, Any]:
     """Every system at concurrency `c`, beside the model's ceiling measured just before
     (other people's load on the machine drifts within minutes)."""
-    from benchmarks.serve_drivers import HttpDriver, isolate_core
+    from benchmarks.serve.drivers import HttpDriver, isolate_core
 
     if s.isolate and model.pin_core is not None:  # at every point: Ray may start processes
         isolate_core(model.pin_core)
@@ -335,13 +281,14 @@ def run_variants(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"variants": {}}
     for v in args.ingress:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = [sys.executable, "-m", "benchmarks.serve_compare", "--ingress", v,
+            cmd = [sys.executable, "-m", "benchmarks.serve.compare", "--ingress", v,
                    "--json", f.name, "--port", str(args.port), "--models", *args.models,
                    "--paths", *args.paths]
             cmd += ["--concurrency", *map(str, args.concurrency)] if args.concurrency else []
             cmd += ["--duration", str(args.duration)] if args.duration else []
-            cmd += ["--variants", *args.variants, "--peers", *args.peers,
+            cmd += ["--setups", *args.setups, "--peers", *args.peers,
                     "--http-driver", args.http_driver]
+            cmd += ["--custom", *args.custom] if args.custom else []
             cmd += [flag for flag, on in (("--quick", args.quick), ("--probes", args.probes),
                                           ("--json-http", args.json_http),
                                           ("--no-disconnect-watch", args.no_disconnect_watch),
@@ -366,21 +313,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON here")
     ap.add_argument("--port", type=int, default=8100, help="Serve's HTTP port")
     ap.add_argument("--paths", nargs="+", choices=("handle", "http"), default=["handle", "http"])
-    ap.add_argument("--ingress", nargs="+", choices=VARIANTS, default=["direct"],
+    ap.add_argument("--ingress", nargs="+", choices=FRONTS, default=["direct"],
                     help="HTTP front: direct ingress (default with THROUGHPUT_OPTIMIZED), "
                          "Serve's proxy, or HAProxy; several run one after another")
     ap.add_argument("--probes", action="store_true",
-                    help="also measure the probes of benchmarks.serve_probes (not product "
+                    help="also measure the probes of benchmarks.serve.probes (not product "
                          "paths): straight to the batching actor, an aiohttp front, hop latencies")
     ap.add_argument("--isolate-model-core", action="store_true",
                     help="minilm: keep every other process (client, Ray, Serve) off the model's "
                          "core, not just pin the model replicas to it")
     ap.add_argument("--json-http", action="store_true",
                     help="JSON tensors over HTTP instead of the binary extension")
-    ap.add_argument("--variants", nargs="+", choices=RAYBATCH_VARIANTS,
-                    default=["actor", "ingress"],
-                    help="Raybatch apps: batcher.placement actor|ingress, +idle = idle_dispatch, "
-                         "+inproc = replicas.in_process, +fill = fill_while_busy")
+    ap.add_argument("--setups", nargs="*", choices=tuple(SETUPS), default=None,
+                    help="Raybatch's named setups (default: default): "
+                         + "; ".join(f"{k}: {v[1]}" for k, v in SETUPS.items()))
+    ap.add_argument("--custom", nargs="+", default=[], metavar="PLACEMENT[+OPTION...]",
+                    help="one-off Raybatch apps beside the setups: actor|ingress, then options "
+                         "(benchmarks.serve.settings.OPTIONS): idle, inproc, native, fill, "
+                         "leadN, ahead, pipe1, access; e.g. ingress+idle+inproc+fill")
     ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=["serve", "serve.batch"],
                     help="Serve baselines to run beside Raybatch")
     ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",
@@ -396,6 +346,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.setups is None:
+        args.setups = [] if args.custom else ["default"]
+    for spec in args.custom:
+        try:
+            spec_of(spec)
+        except ValueError as e:
+            raise SystemExit(f"--custom: {e}") from None
     if len(args.ingress) > 1:
         merged = run_variants(args)
         if args.json:
@@ -404,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     s = replace(QUICK if args.quick else FULL, port=args.port, ingress=args.ingress[0],
                 paths=tuple(args.paths), binary_http=not args.json_http, probes=args.probes,
-                isolate=args.isolate_model_core, variants=tuple(args.variants),
+                isolate=args.isolate_model_core,
+                setups=tuple(dict.fromkeys([*args.setups, *args.custom])),
                 peers=tuple(args.peers), http_driver=args.http_driver,
                 disconnect_watch=not args.no_disconnect_watch,
                 throughput_optimized=not args.no_throughput_optimized)

@@ -1,6 +1,6 @@
 """Iterative batching of a generative model: continuous vs lockstep vs none, in one run.
 
-    python -m benchmarks.generation [--requests 256] [--rate 0] [--max-active 32]
+    python -m benchmarks.generation.continuous [--requests 256] [--rate 0] [--max-active 32]
                                     [--step-overhead-ms 1] [--repeats 1] [--json OUT]
 
 One workload (fixed seed): prompt and output lengths drawn from lognormal

@@ -1,6 +1,6 @@
 """Ragged items: `minilm` on sentences of mixed lengths, with and without group_by_length.
 
-    python -m benchmarks.ragged [--concurrency 64 256] [--duration 15] [--rounds 2]
+    python -m benchmarks.serve.ragged [--concurrency 64 256] [--duration 15] [--rounds 2]
         [--long-share 0.25] [--json OUT]
 
 A batch of sentences is padded to its longest one inside the model (the tokenizer
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.loadgen import run_closed_loop
-from benchmarks.serve_drivers import StatsPoller
-from benchmarks.serve_models import _WORDS
+from benchmarks.common.loadgen import run_closed_loop
+from benchmarks.serve.drivers import StatsPoller
+from benchmarks.serve.models import _WORDS
 
 MODELS = ("minilm", "minilm-grouped")
 

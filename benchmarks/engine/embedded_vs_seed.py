@@ -1,6 +1,6 @@
 """Embedded `BatchedService` against the seed's design, in one run.
 
-    python -m benchmarks.embedded_vs_seed [--quick] [--json OUT]
+    python -m benchmarks.engine.embedded_vs_seed [--quick] [--json OUT]
 
 For each model (sleep, mlp) and each concurrency C: the model's own ceiling,
 then both hosts, back to back, each on a fresh service (so neither
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batching import BatchedService, DynamicPolicy
-from benchmarks.loadgen import run_closed_loop
-from benchmarks.models import MODELS, measure_ceiling
-from benchmarks.seed_design import SeedService
+from benchmarks.common.loadgen import run_closed_loop
+from benchmarks.common.models import MODELS, measure_ceiling
+from benchmarks.engine.seed_design import SeedService
 
 CONCURRENCIES = (1, 16, 128, 512)
 MAX_BATCH_SIZE = 64

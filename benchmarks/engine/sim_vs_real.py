@@ -14,7 +14,7 @@ socket, event loop), plus the host's timer resolution (asyncio rounds a timer's
 timeout up to the next millisecond). `--nominal` uses the model's nominal 2 ms + 0.05 ms/item and
 no hop instead, to show what the calibration buys.
 
-    python -m benchmarks.sim_vs_real [--quick] [--json OUT]
+    python -m benchmarks.engine.sim_vs_real [--quick] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import numpy as np
 from batching import BatchedService, DynamicPolicy
 from batching.simulate.arrivals import ClosedLoop, Poisson
 from batching.simulate.engine import simulate
-from benchmarks.loadgen import run_closed_loop
-from benchmarks.models import sleep_payloads
+from benchmarks.common.loadgen import run_closed_loop
+from benchmarks.common.models import sleep_payloads
 from deployments.models import Sleep
 
 A_S, B_S = 0.002, 0.00005

@@ -1,6 +1,6 @@
 """How the comparison drives each system, and what it reads back.
 
-Every system is driven by `benchmarks.loadgen.run_closed_loop` from one asyncio
+Every system is driven by `benchmarks.common.loadgen.run_closed_loop` from one asyncio
 loop in this process: Serve handles (`handle.infer.remote`, awaited), Raybatch's
 `RaybatchClient`, and HTTP through one `aiohttp` session per point whose
 connector holds C keep-alive connections. HTTP bodies are built once per
@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from benchmarks.loadgen import processes
+from benchmarks.common.loadgen import processes
 from deployments.protocol.binary import INFER_HEADER_LENGTH, encode_binary
 from deployments.protocol.datatypes import datatype_of
 

@@ -1,6 +1,6 @@
 """gRPC against HTTP on `mlp`: the same app, the same model, both through Serve's proxies.
 
-    python -m benchmarks.grpc_vs_http [--concurrency 1 16 64] [--duration 10] [--rounds 2]
+    python -m benchmarks.http.grpc_vs_http [--concurrency 1 16 64] [--duration 10] [--rounds 2]
         [--no-wrk] [--json OUT]
 
 One local Ray, one app (`mlp`, one replica on one CPU), Serve's HTTP proxy and its
@@ -14,7 +14,7 @@ floats; bodies are built once before the runs, so clients pay for sending only:
 - `http wrk`: the same HTTP body from `wrk` (C connections, one thread), a client that
   costs far less CPU than Python's, for the HTTP server's own ceiling.
 
-The Python clients are driven closed-loop (C clients, `benchmarks.loadgen`); the
+The Python clients are driven closed-loop (C clients, `benchmarks.common.loadgen`); the
 protocols alternate `--rounds` times. Reported per point: requests/s, p50/p99, and
 CPU per request of the client and of each kind of Ray process (proxy, ingress,
 batching actor, replica), from /proc. Others' work on a shared 2-core machine
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.loadgen import run_closed_loop
-from benchmarks.serve_drivers import HttpDriver, StatsPoller, http_body, tree_cpu_s
+from benchmarks.common.loadgen import run_closed_loop
+from benchmarks.serve.drivers import HttpDriver, StatsPoller, http_body, tree_cpu_s
 
 APP, PREFIX, MODEL = "grpcbench", "/grpcbench", "mlp"
 

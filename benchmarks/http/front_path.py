@@ -1,6 +1,6 @@
 """CPU of Raybatch's own Python per HTTP request, in one process, without sockets or Ray.
 
-    python -m benchmarks.front_path [--requests N] [--concurrency C] [--json-http]
+    python -m benchmarks.http.front_path [--requests N] [--concurrency C] [--json-http]
         [--profile OUT.prof]
 
 Drives the product path's app (`OipApp.direct`, as the direct-ingress fast path calls it)
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.serve_drivers import http_body
-from benchmarks.serve_models import bench_models, raybatch_config
+from benchmarks.serve.drivers import http_body
+from benchmarks.serve.models import bench_models, raybatch_config
 
 
 class Echo:

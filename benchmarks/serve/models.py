@@ -7,7 +7,7 @@ transformer class with the same batching limits. Payloads are single items
 single-item requests.
 
 Ceilings are measured in this process, before any load: `sleep` and `mlp` on
-full batches back to back (`benchmarks.models.measure_ceiling`); `minilm` as
+full batches back to back (`benchmarks.common.models.measure_ceiling`); `minilm` as
 its own offline `SentenceTransformer.encode(batch_size=64)` on one thread pinned
 to the core its replicas are pinned to.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.models import MLP_DIM, SLEEP_DIM, measure_ceiling
+from benchmarks.common.models import MLP_DIM, SLEEP_DIM, measure_ceiling
 from cluster.config import ModelConfig
 
 MAX_BATCH_SIZE = 64
@@ -99,7 +99,8 @@ def bench_models() -> dict[str, BenchModel]:
 def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
                     variant: str = "actor", native_port: int | None = None) -> dict[str, Any]:
     """The Raybatch config dict of an app serving just `model` (for `load_config`).
-    `variant`: `actor` or `ingress` (`batcher.placement`), then `+idle` for
+    `variant`: a setup's spec (`benchmarks.serve.settings.spec_of`): `actor` or `ingress`
+    (`batcher.placement`), then `+idle` for
     `idle_dispatch`, `+access` for Serve's access log (at INFO), `+inproc` for the
     replica in the engine's process (`replicas.in_process`), `+native` for Raybatch's own
     HTTP server on `native_port` (`ingress.native_port`), `+pipe1` for one batch in

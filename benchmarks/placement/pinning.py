@@ -1,6 +1,6 @@
 """Pinned vs unpinned: two CPU replicas of `mlp`, alone and beside a CPU-hungry neighbour.
 
-    python -m benchmarks.pinning [--duration S] [--rounds N] [--neighbours K] [--json OUT]
+    python -m benchmarks.placement.pinning [--duration S] [--rounds N] [--neighbours K] [--json OUT]
 
 Two replicas, each its own process: two embedded `BatchedService`s (one worker
 process each, `max_batch_size` 64, 2 ms delay, two batches in flight), driven
@@ -36,8 +36,8 @@ from statistics import median
 from typing import Any
 
 from batching import BatchedService, DynamicPolicy
-from benchmarks.loadgen import processes, run_closed_loop
-from benchmarks.models import mlp_payloads
+from benchmarks.common.loadgen import processes, run_closed_loop
+from benchmarks.common.models import mlp_payloads
 from cluster.config import ReplicaConfig
 from cluster.pinning import CORES_FILE_ENV, pin_replica
 from deployments.models import MLP
@@ -50,7 +50,7 @@ class PinnedMLP(MLP):
     """`mlp` that pins its process first, as a Ray replica does in its constructor."""
 
     def setup(self, device: str) -> None:
-        pin_replica(ReplicaConfig(num_cpus=1, pin="required"), owner="benchmarks.pinning")
+        pin_replica(ReplicaConfig(num_cpus=1, pin="required"), owner="benchmarks.placement.pinning")
         super().setup(device)
 
 

@@ -1,6 +1,6 @@
 """What one socket write per response would save under uvicorn + httptools: a probe.
 
-    python -m benchmarks.one_write [--loop uvloop|asyncio] [--repeats 4] [--duration 4]
+    python -m benchmarks.http.one_write [--loop uvloop|asyncio] [--repeats 4] [--duration 4]
 
 uvicorn's httptools protocol writes the status line and headers when the app sends
 `http.response.start` (`transport.write`, httptools_impl.py:524 in uvicorn 0.54) and the
@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks import http_front as hf
+from benchmarks.http import front as hf
 
 
 class _Joining:
@@ -68,7 +68,7 @@ def serve(kind: str, port: int, loop: str) -> None:
 
 def measure(kind: str, loop: str, duration_s: int) -> dict[str, Any]:
     port = hf.free_port()
-    server = subprocess.Popen([sys.executable, "-m", "benchmarks.one_write", "--serve", kind,
+    server = subprocess.Popen([sys.executable, "-m", "benchmarks.http.one_write", "--serve", kind,
                                "--port", str(port), "--loop", loop])
     try:
         hf.wait_up(port)

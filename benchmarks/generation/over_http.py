@@ -1,10 +1,10 @@
 """Generation through the cluster path: continuous vs lockstep vs no batching, over HTTP.
 
-    python -m benchmarks.generation_serve [--requests 128] [--rate 0] [--max-active 32]
+    python -m benchmarks.generation.over_http [--requests 128] [--rate 0] [--max-active 32]
         [--ingress direct|proxy] [--port 0] [--inproc-modes continuous,lockstep]
         [--step-overhead-ms 1] [--repeats 1] [--placement actor|ingress] [--json OUT]
 
-The workload of `benchmarks.generation` (same generator, same seed: lognormal
+The workload of `benchmarks.generation.continuous` (same generator, same seed: lognormal
 prompt and output lengths, each request asking exactly its output length, all
 arriving at once, or Poisson at `--rate` requests/s), sent through the real
 path: a local Ray started in this process (`--num-cpus 2`), one Serve app
@@ -19,7 +19,7 @@ and reading its server-sent events: TTFT is the time to the first event with
 text (or the first event, if none has text), end to end the time to the final
 event, and tokens the final event's `num_tokens`.
 
-The in-process `benchmarks.generation` modes (`--inproc-modes`, default
+The in-process `benchmarks.generation.continuous` modes (`--inproc-modes`, default
 continuous and lockstep: `IterativeHost` + `Generator(TinyLM)` in a thread, with
 its `--step-overhead-ms` stand-in for the Ray hop) run on the same jobs in the
 same process, interleaved with the Ray runs and while the (idle) app is up,
@@ -33,7 +33,7 @@ and of everything else on the machine (other people's load: a disturbed run
 shows there), and the 1-minute load. Then the ratios continuous/lockstep and
 continuous/none, per path, and Ray over in-process per mode.
 
-Serve's fastest documented configuration is used, as in `benchmarks.serve_compare`:
+Serve's fastest documented configuration is used, as in `benchmarks.serve.compare`:
 `RAY_SERVE_THROUGHPUT_OPTIMIZED=1` before `ray` is imported; `--ingress direct`
 (the default) posts straight to the ingress replica's own port, `proxy` through
 Serve's proxy. About 1.5-2 minutes on 2 cores with the defaults, most of it
@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.generation import MODES, Job, ratios, run_mode, summarize, workload
+from benchmarks.generation.continuous import MODES, Job, ratios, run_mode, summarize, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_NAME = "generation-bench"
@@ -100,8 +100,8 @@ def machine_busy_s() -> float:
 
 def cpu_snapshot() -> dict[str, float]:
     """This process's CPU (user, system), its descendants' (the Ray it started), the machine's."""
-    from benchmarks.loadgen import processes
-    from benchmarks.serve_drivers import descendants
+    from benchmarks.common.loadgen import processes
+    from benchmarks.serve.drivers import descendants
 
     me = resource.getrusage(resource.RUSAGE_SELF)
     procs = processes()
@@ -223,7 +223,7 @@ def deploy(config: dict[str, Any]) -> None:
 async def base_url(args: argparse.Namespace) -> str:
     if args.ingress == "proxy":
         return f"http://127.0.0.1:{args.port}"
-    from benchmarks.serve_drivers import direct_port
+    from benchmarks.serve.drivers import direct_port
 
     return f"http://127.0.0.1:{await direct_port(APP_NAME)}"
 
@@ -393,7 +393,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="models to drive through Ray (default continuous,lockstep,none)")
     p.add_argument("--inproc-modes", type=lambda s: [m for m in s.split(",") if m],
                    default=["continuous", "lockstep"],
-                   help="benchmarks.generation modes run in-process beside them ('' for none)")
+                   help="benchmarks.generation.continuous modes run in-process beside them "
+                        "('' for none)")
     p.add_argument("--step-overhead-ms", type=float, default=1.0,
                    help="the in-process runs' stand-in for a Ray hop per step")
     p.add_argument("--repeats", type=int, default=1,
@@ -418,7 +419,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.port = args.port or free_port()
-    from benchmarks.serve_compare import FULL, configure_environment
+    from benchmarks.serve.settings import FULL, configure_environment
 
     configure_environment(replace(FULL, port=args.port, ingress=args.ingress))  # before ray
     result = asyncio.run(main_async(args))

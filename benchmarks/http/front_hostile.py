@@ -9,7 +9,7 @@ Serve replica) with a small echo app, then:
   client sends requests one after another; reports the ordinary requests' latency with
   and without the slow heads, and what the slow ones got back (408 at header_timeout_s).
 
-    python -m benchmarks.front_hostile --slowloris 1000 --push-mib 256
+    python -m benchmarks.http.front_hostile --slowloris 1000 --push-mib 256
 
 Targets: RSS moved by <= 16 MiB for 256 MiB pushed; 1,000 slowloris connections delay
 an ordinary request by <= 10 ms.
@@ -153,7 +153,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.front_hostile", "--serve",
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.http.front_hostile", "--serve",
                              str(port), "--header-timeout", str(args.header_timeout)],
                             stdout=subprocess.PIPE, text=True)
     try:

@@ -1,6 +1,6 @@
 """Sequence batching against running the same sequences unbatched, in process.
 
-    python -m benchmarks.sequences [--sequences 64] [--steps 20] [--batch-overhead-ms 1]
+    python -m benchmarks.generation.sequences [--sequences 64] [--steps 20] [--batch-overhead-ms 1]
                                    [--rounds 3] [--json OUT]
 
 64 concurrent clients each run one GRU sequence of 20 steps (start, 18 steps,

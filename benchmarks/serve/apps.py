@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, Response
 
 from batching.errors import InvalidRequest
 from batching.model import instantiate, run_batch
-from benchmarks.serve_models import MAX_BATCH_SIZE, BenchModel, pin_process
+from benchmarks.serve.models import MAX_BATCH_SIZE, BenchModel, pin_process
 from cluster.config import ModelConfig, import_object
 from deployments.ingress import model_spec
 from deployments.protocol import (

@@ -1,6 +1,6 @@
 """How busy one model-replica actor stays when the engine keeps its pipeline full.
 
-    python -m benchmarks.replica_pipeline [--model sleep|mlp] [--batches N]
+    python -m benchmarks.placement.replica_pipeline [--model sleep|mlp] [--batches N]
         [--batch-size B] [--inflight K ...] [--read-ahead on off]
 
 One replica actor of `model` (`replicas.in_process: false`, as GPU models run), fed
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.serve_models import bench_models
+from benchmarks.serve.models import bench_models
 
 
 async def measure(model: str, batches: int, batch_size: int, inflight: int,

@@ -1,7 +1,7 @@
 """Sweeps of the embedded `BatchedService`: what each policy does as load grows.
 
 For each named policy, one fresh service (its own worker), then one run per
-load level, lowest first: closed loop (`benchmarks.loadgen`: C clients, each
+load level, lowest first: closed loop (`benchmarks.common.loadgen`: C clients, each
 sending when its last request ended) or open loop (Poisson arrivals at a rate,
 whatever the service does, as independent users send). Besides throughput and
 latency, each point keeps what the batcher did in its measured window alone:
@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from batching import BatchedService, DynamicPolicy
-from benchmarks.loadgen import run_closed_loop
+from benchmarks.common.loadgen import run_closed_loop
 
 Kind = Literal["closed", "poisson"]
 

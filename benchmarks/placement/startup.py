@@ -1,6 +1,6 @@
 """How long `raybatch up` takes to be ready, and where the CPU of its start goes.
 
-    python -m benchmarks.startup [--runs N] [-- raybatch up arguments...]
+    python -m benchmarks.placement.startup [--runs N] [-- raybatch up arguments...]
 
 Starts `raybatch up` (default arguments: `--port 8300`, the demo config), waits until it
 prints "Stop with Ctrl-C", and reports: the time to ready, the CPU seconds of every

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.serve_models import BenchModel
+from benchmarks.serve.models import BenchModel
 
 
 def _batcher_name(model: str) -> tuple[str, str]:
