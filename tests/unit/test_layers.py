@@ -157,8 +157,10 @@ MAX_LINES = 450
 
 
 def test_every_module_stays_within_450_lines():
-    """A module a reader can hold in mind: past 450 lines, split it by what it decides."""
-    roots = [ROOT / pkg for pkg in (*PACKAGES, "benchmarks")] + [ROOT / "docs"]
+    """A module a reader can hold in mind (tests too): past 450 lines, split it by what it
+    decides or checks."""
+    roots = [ROOT / name for name in (*PACKAGES, "benchmarks", "tests", "docs")]
+    vendored = ROOT / "tests" / "e2e" / "triton_examples"  # Triton's programs, kept unchanged
     long = {str(p.relative_to(ROOT)): n for root in roots for p in root.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+            if vendored not in p.parents and (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these modules (at most {MAX_LINES} lines each): {long}"
