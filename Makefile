@@ -47,7 +47,7 @@ lint: $(STAMP)
 # are gone by then, and each notebook that needs Ray starts (and stops) its own.
 # Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: sysdeps lint
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q --nbmake notebooks
 
