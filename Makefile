@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup sysdeps serve test lint bench gpu-check clean k8s notebooks notebooks-clean
+.PHONY: setup sysdeps serve test lint bench gpu-check clean k8s notebooks notebooks-clean docs
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
 # Grafana dashboard's queries in tests/integration/test_prometheus.py; wrk drives the HTTP
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"
 	$(BIN)/python -m deployments.models.weightcache
 	touch $(STAMP)
 
@@ -48,7 +48,12 @@ lint: $(STAMP)
 # are gone by then, and each notebook that needs Ray starts (and stops) its own.
 # Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: sysdeps lint
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	PY=$(BIN)/python bash tests/run.sh
+
+# The documentation site (docs/, mkdocs.yml), served with live reload on 127.0.0.1:8000.
+docs: $(STAMP)
+	$(BIN)/mkdocs serve
 
 # JupyterLab on the notebooks (installs the `jupyter` extra on first use).
 $(JUPYTER_STAMP): $(STAMP)
@@ -72,12 +77,12 @@ k8s: $(STAMP)
 	$(BIN)/raybatch render k8s --config deployments/configs/gpu.yaml -o k8s/gpu
 
 # On a machine with one NVIDIA GPU: the GPU example deployed, checked against the CPU and
-# loaded (benchmarks/gpu_check.py); without one it says SKIP.
+# loaded (benchmarks/serve/gpu_check.py); without one it says SKIP.
 gpu-check: $(STAMP)
-	$(BIN)/python -m benchmarks.gpu_check
+	$(BIN)/python -m benchmarks.serve.gpu_check
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.embedded_vs_seed
+	$(BIN)/python -m benchmarks.engine.embedded_vs_seed
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site

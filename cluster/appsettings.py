@@ -20,6 +20,7 @@ class IngressConfig(BaseModel):
     num_replicas: int = Field(default=1, ge=1)
     """Serve replicas of the HTTP/handle ingress."""
     num_cpus: float = Field(default=0.5, ge=0)
+    """CPUs each ingress replica reserves, besides what its in-process engines' replicas reserve."""
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """Largest request body accepted; larger ones get HTTP 413, as soon as the body
     passes it (the rest is not read)."""
@@ -43,11 +44,14 @@ class IngressConfig(BaseModel):
     Retry-After. It bounds the fast path too, where Serve's max_ongoing_requests does
     not look."""
     route_prefix: str = "/"
+    """URL prefix of the app's HTTP routes in Serve."""
     server_name: str = Field(default="raybatch", min_length=1, max_length=64)
     """The server's name in `GET /v2` and gRPC `ServerMetadata`; `triton` for clients that
     check they talk to Triton (Triton's example programs do)."""
     host: str = "127.0.0.1"
+    """Address Serve's HTTP front listens on (the Kubernetes rendering sets `0.0.0.0`)."""
     port: int = Field(default=8000, ge=1, le=65535)
+    """Serve's HTTP front (HAProxy, or Serve's proxy, in front of the replicas)."""
     native_port: int | None = Field(default=None, ge=1, le=65535)
     """Port of Raybatch's own HTTP/1.1 server (`deployments.http.server`), started in
     every ingress replica beside Serve's front; the replicas of a node share it

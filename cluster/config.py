@@ -78,7 +78,8 @@ class WarmupConfig(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     """Per input, one item's value (the input's shape without the batch dim: nested lists
     of numbers, true/false for BOOL, strings for BYTES), repeated to each batch size;
-    inputs not named get zeros ("0" for BYTES). README, "Warm-up", has one per datatype."""
+    inputs not named get zeros ("0" for BYTES). The docs' "Warm-up" section has one per
+    datatype."""
 
     @field_validator("batch_sizes")
     @classmethod
@@ -98,7 +99,7 @@ class BatcherConfig(BaseModel):
     its own share of the model's replicas (one hop fewer; batches form per ingress
     replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
     Left out: `ingress` for dynamic batching with one shard on CPUs (measured faster on
-    every path but the client's; README), `actor` otherwise: a model with GPUs
+    every path but the client's; the docs' placement page), `actor` otherwise: a model with GPUs
     (`replicas.num_gpus` > 0) batches across every ingress replica on one pool of GPU
     replicas, which `ingress` would multiply by the ingress replicas."""
     shards: int = Field(default=1, ge=1)
@@ -153,17 +154,23 @@ class ModelConfig(BaseModel):
     init_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the transformer's constructor."""
     version: str = "1"
+    """Model version in URLs (/v2/models/{name}/versions/{version}/...)."""
     inputs: tuple[TensorConfig, ...]
+    """Named input tensors; the leading dim of each is the batch dim."""
     outputs: tuple[TensorConfig, ...]
+    """Named output tensors, one row per item each (fields as for inputs)."""
     batching: Policy = DynamicPolicy(max_batch_size=64, max_queue_delay_s=0.002)
     """How requests become batches: `kind: dynamic` (the default; stateless models),
     `sequence` (stateful models, sequence_id/start/end) or `iterative` (generative
     models, continuous batching of generation steps)."""
     replicas: ReplicaConfig = ReplicaConfig()
+    """The model's replica pool: counts, resources, pinning, in process or actors."""
     batcher: BatcherConfig = BatcherConfig()
+    """Where the model's engine runs, and its batching actors."""
     warmup: WarmupConfig = WarmupConfig()
     """Batches each replica runs before it reports ready (dynamic models)."""
     limits: LimitsConfig = LimitsConfig()
+    """What one model accepts before it refuses (bounded by default)."""
 
     @property
     def batch_size(self) -> int:
@@ -295,9 +302,13 @@ class RaybatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     app_name: str = "raybatch"
+    """Serve application name (the Grafana dashboard's uid is derived from it)."""
     models: tuple[ModelConfig, ...]
+    """The models served, each with its batching, replicas and tensors."""
     ingress: IngressConfig = IngressConfig()
+    """The app's front: ports, request limits, the own HTTP server's bounds, logging."""
     metrics: MetricsConfig = MetricsConfig()
+    """Raybatch's Prometheus series (through Ray's metrics export)."""
     python_path: tuple[str, ...] = ()
     """Folders holding your models' modules, put on sys.path in every Raybatch process
     (relative ones are relative to the config file). On a cluster they must exist on

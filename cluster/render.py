@@ -7,7 +7,7 @@ the `deployments.app:app_builder` application builder, together with the
 config's app name, route prefix, host and port: one self-contained file for
 `serve deploy` or a RayService's `serveConfigV2`.
 
-Serve's fastest switches (`serve_environment`, measured in the README) are read
+Serve's fastest switches (`serve_environment`, measured in the docs' cluster page) are read
 once, when each Serve process imports Ray Serve: the controller (direct ingress,
 HAProxy, which proxies to start), the proxy, and every replica (throughput mode:
 user code on the replica's event loop, gRPC handles; direct ingress: the replica's

@@ -10,7 +10,7 @@ and the device idled through it (~15 us a request of `sleep`'s 64 x 256 floats, 
 between two batches); now the next batch is read, and the last one's results written,
 while the model runs, and the model still sees one thread (a model may keep per-thread
 state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: there
-that work would compete with the model for its cores (`benchmarks.replica_pipeline`:
+that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`:
 `mlp` slower, `sleep` busy 0.83 -> 0.98). Sequence and generation replicas
 (`deployments.stateful_replica`) always keep one thread: their calls change state in
 the order they are sent. Its constructor first pins the process

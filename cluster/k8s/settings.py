@@ -136,6 +136,7 @@ class KubernetesConfig(BaseModel):
     gpu_image: str | None = None
     """Image of the GPU pods (default: the CPU image's name with `-gpu` appended)."""
     head: HeadPod = HeadPod()
+    """The head pod: runs no replica, holds the Serve controller, proxy and batching actors."""
     cpu_workers: tuple[CpuWorkers, ...] = (CpuWorkers(),)
     """CPU worker groups; each model goes to the first one a replica fits in."""
     gpu_workers: GpuWorkers | None = GpuWorkers()

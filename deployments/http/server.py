@@ -3,7 +3,7 @@
 Why: under Serve's direct ingress, uvicorn answers each request through its
 ASGI cycle, two socket writes, a keep-alive timer reset and its middlewares: on
 these machines 50 us of CPU per request for an app that answers `{}`, and 39% of
-an ingress replica's samples serving `mlp` (`benchmarks.profile_ingress`). This
+an ingress replica's samples serving `mlp` (`benchmarks.serve.profile_ingress`). This
 server does what the OIP app needs and no more: httptools parses, one small
 `Cycle` per request carries the ASGI `receive`/`send`, and a response goes out
 in ONE write when its length is known (status line, headers and body; a

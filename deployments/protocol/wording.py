@@ -6,7 +6,7 @@ Raybatch's message starts with Triton's words, exactly as Triton's server
 (triton-inference-server/core) builds them, and goes on with Raybatch's hint: what
 the model takes, how to fix the request. One function per cause, used by every
 front (HTTP, gRPC, the handle API), so both protocols say the same. The status
-codes stay Raybatch's (`batching.errors`); the README's error table lists both.
+codes stay Raybatch's (`batching.errors`); the docs' protocol page lists both.
 Queue full lives in the engine, which imports nothing of this package:
 `batching.errors.QUEUE_FULL`.
 """

@@ -1,4 +1,4 @@
-"""A caller that gives up cancels its request at the batching actor (issue 11, item 1).
+"""A caller that gives up cancels its request at the batching actor.
 
 Through the `RaybatchClient` (its task is cancelled) and through HTTP (the client
 hangs up): a request still queued at the batching actor never runs, and nobody

@@ -64,7 +64,7 @@ def test_up_starts_a_local_ray_deploys_and_prints_where_it_serves():
     proc = raybatch("up", "--exit-after-deploy", "--port", str(port), "--num-cpus", "2",
                     "--config", str(CONFIGS / "small.yaml"), env=env, timeout_s=170)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    # A clean start: no warning that is not a real problem (issue 11), Ray's included.
+    # A clean start: no warning that is not a real problem, Ray's included.
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines()
                 if re.search(r"\bWARN(ING)?\b|not placed", line)]
     assert not warnings, warnings

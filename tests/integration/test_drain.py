@@ -1,4 +1,4 @@
-"""Deleting or redeploying an app loses no request it accepted (issue 11, item 8).
+"""Deleting or redeploying an app loses no request it accepted.
 
 An app of its own (`drainer`, beside the shared one), one slow model: SlowSquare,
 x -> x², 20 ms per batch of 8. Deleting it with 400 requests accepted by its batching

@@ -1,4 +1,4 @@
-"""Faults under load (issue 11): a part is killed or breaks while requests run, and every
+"""Faults under load: a part is killed or breaks while requests run, and every
 answer is checked.
 
 An app of its own (`faults`, beside the shared one: what is killed here must not be the

@@ -1,9 +1,9 @@
-"""Soak and overload (issue 11): every answer checked, memory watched.
+"""Soak and overload: every answer checked, memory watched.
 
 An app of its own (`load`, beside the shared one), one ingress replica, two models in
 batching actors:
 - `sq`: x -> x² (deployments.models:Square), batches of 32. The soak sends
-  RAYBATCH_SOAK_REQUESTS requests (default 2,000; the issue's full run is 100,000),
+  RAYBATCH_SOAK_REQUESTS requests (default 2,000; the full run is 100,000),
   half through HTTP (Serve's proxy and the fast path, alternately), half through a
   `RaybatchClient`, 32 at a time on each path, and cancels 5% of them at a random
   moment (the HTTP client hangs up; the client's task is cancelled). Each request
@@ -13,7 +13,7 @@ batching actors:
 - `slow`: SlowSquare, 500 ms per batch of at most 4: a capacity of 8 requests/s (slow,
   so that 10x its capacity is the model's overload, not the 2-core test machine's HTTP
   front's). The overload sends 10x that, open loop (at a fixed rate, whatever the
-  answers), for RAYBATCH_OVERLOAD_S seconds (default 6; the issue's full run is 30) to
+  answers), for RAYBATCH_OVERLOAD_S seconds (default 6; the full run is 30) to
   the ingress replica's own port (the fast path, where `raybatch up`'s HAProxy sends
   requests): every answer is 200 with its own result or 429/503 with Retry-After and
   {"error": ...}; the accepted requests' p99 stays within the ingress's
@@ -24,7 +24,7 @@ batching actors:
   Not through Serve's proxy: measured on this machine, under this overload the proxy
   itself (its queue before the ingress, the round trip that fetches the body from it,
   the response back through it) added 1-3 s to an accepted request's p99, time no code
-  in the replica sees (benchmarks/results/session4/reliability.md).
+  in the replica sees (benchmarks/results/2026-11-23-http-cpu/reliability.md).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
 
 @pytest.mark.parametrize("read_ahead", [True, False])
 def test_the_replica_pipeline_benchmark_runs_every_batch(ray_address, read_ahead):
-    from benchmarks.replica_pipeline import measure
+    from benchmarks.placement.replica_pipeline import measure
 
     r = arun(measure("sleep", 20, 8, 2, read_ahead), timeout_s=120)
     assert (r["batches"], r["read_ahead"], r["inflight"]) == (20, read_ahead, 2)

@@ -1,5 +1,5 @@
-"""Bring your own model: the README's "Serve your model" examples (stateless, and stateful
-under "A stateful model"), copied out of the README into a folder of their own (outside
+"""Bring your own model: the examples of the docs' "Serving your model" page (stateless, and
+stateful under "A stateful model"), copied out of the page into a folder of their own (outside
 this repository), served with `raybatch up` and with `raybatch build`; a wrong import
 path and a class that does not fit its declared tensors fail before any traffic, saying
 what to fix."""
@@ -22,14 +22,11 @@ pytestmark = pytest.mark.integration
 
 
 def readme_example(subsection: str | None = None) -> tuple[str, str]:
-    """The (first) python and yaml blocks of the README's "Serve your model" section, or
-    of its `subsection`."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Serve your model", 1)[1].split("\n## ", 1)[0]
-    if subsection is None:
-        section = section.split("\n### ", 1)[0]
-    else:
-        section = section.split(f"\n### {subsection}\n", 1)[1].split("\n### ", 1)[0]
+    """The (first) python and yaml blocks of the docs' "Serving your model" page: its
+    "A stateless model" section, or `subsection`."""
+    text = (ROOT / "docs" / "your-model.md").read_text()
+    heading = subsection or "A stateless model"
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     return code, config
@@ -143,7 +140,7 @@ def test_a_class_that_does_not_fit_its_tensors_fails_the_deploy(app, project, tm
 
 @pytest.fixture
 def stateful_project(tmp_path):
-    """The README's stateful example in tmp/stateful, as an app beside the session's."""
+    """The docs' stateful example in tmp/stateful, as an app beside the session's."""
     code, config = readme_example("A stateful model")
     folder = tmp_path / "stateful"
     folder.mkdir()
@@ -173,7 +170,7 @@ def test_raybatch_up_serves_the_readmes_stateful_model(app, stateful_project, tm
 
         assert step([1, 2, 3], 7, sequence_start=True) == ([[1, 2, 3]], [1])
         assert step([10, 10, 10], "other", sequence_start=True) == ([[10, 10, 10]], [1])
-        assert step([3, 4, 5], 7, sequence_end=True) == ([[2, 3, 4]], [2])  # as the README says
+        assert step([3, 4, 5], 7, sequence_end=True) == ([[2, 3, 4]], [2])  # as the docs say
         assert step([0, 0, 0], "other", sequence_end=True) == ([[5, 5, 5]], [2])
         with pytest.raises(Exception, match="must specify a non-zero or non-empty correlation"):
             handle.infer.remote("running_mean", {"x": np.zeros((1, 3), np.float32)}

@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 tomllib = pytest.importorskip("tomllib")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 FILES = {"Dockerfile": False, "Dockerfile.gpu": True}  # name: for GPUs
-DEVELOPMENT_EXTRAS = {"dev", "notebooks", "jupyter"}  # tests and notebooks: not in an image
+DEVELOPMENT_EXTRAS = {"dev", "notebooks", "jupyter", "docs"}  # tests and notebooks: not in an image
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -124,8 +124,8 @@ def test_the_tag_it_says_to_build_is_the_manifests_default_image(name, gpu):
     tags = re.findall(r"docker build .*-t (\S+)", text)
     assert tags == [default_image(gpu)]
     assert default_image(gpu).startswith(f"raybatch:{PYPROJECT['project']['version']}")
-    readme = (ROOT / "README.md").read_text()
-    assert f"-t {default_image(gpu)}" in readme, "the README builds another tag"
+    page = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert f"-t {default_image(gpu)}" in page, "the docs' Kubernetes page builds another tag"
 
 
 def test_the_cpu_image_caches_the_demo_weights_as_the_user_that_runs_it():

@@ -46,7 +46,7 @@ def test_sized_by_the_scale_switch_in_a_parameters_cell(path: Path):
         f"notebooks/{path.name}: the first code cell holds the parameters; tag it 'parameters'"
     )
     assert "notebook_scale()" in "".join(first["source"]), (
-        f"notebooks/{path.name}: size the notebook with benchmarks.scale.notebook_scale(), "
+        f"notebooks/{path.name}: size the notebook with benchmarks.common.scale.notebook_scale(), "
         "so CI runs it small"
     )
 

@@ -1,6 +1,6 @@
 """`batching` exports every name a model author imports: the interfaces of stateless,
 stateful and generative models and what they use, so `from batching import ...` is all
-a model needs (the README's examples import nothing else of Raybatch)."""
+a model needs (the examples in the README and the docs import nothing else of Raybatch)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def imported_from_batching(source: str) -> set[str]:
 
 def test_every_name_the_models_import_from_batching_is_exported_by_batching():
     used = set().union(*(imported_from_batching(p.read_text()) for p in MODEL_FILES))
-    readme = "\n".join(re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S))
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    readme = "\n".join(block for page in pages
+                       for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S))
     used |= imported_from_batching(readme)
     assert {"VectorTransformer", "StatefulTransformer", "SequenceBatchInput"} <= used
     assert used - set(batching.__all__) == set()

@@ -1,11 +1,11 @@
-"""benchmarks.bundle_path drives the real client route, coalescer, bundle forms and
+"""benchmarks.serve.bundle_path drives the real client route, coalescer, bundle forms and
 engine: every answer is checked, in both bundle forms."""
 
 import asyncio
 
 import pytest
 
-from benchmarks import bundle_path
+from benchmarks.serve import bundle_path
 
 
 @pytest.mark.parametrize("form", [[], ["--unstacked"]], ids=["stacked", "unstacked"])

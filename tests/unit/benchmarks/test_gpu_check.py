@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.gpu_check import counter_delta, cpu_stand_in, histogram, main
+from benchmarks.serve.gpu_check import counter_delta, cpu_stand_in, histogram, main
 from cluster.config import load_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,7 +34,7 @@ def test_the_cpu_stand_in_keeps_the_checked_models_on_one_batching_actor_each():
 
 
 def test_without_a_gpu_it_says_skip_and_succeeds(monkeypatch, capsys):
-    monkeypatch.setattr("benchmarks.gpu_check.has_cuda", lambda: False)
+    monkeypatch.setattr("benchmarks.serve.gpu_check.has_cuda", lambda: False)
     monkeypatch.setattr("sys.argv", ["gpu_check"])
     assert main() == 0
     assert capsys.readouterr().out.startswith("SKIP: no CUDA GPU")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.scale import SCALE_ENV, notebook_scale, pick
+from benchmarks.common.scale import SCALE_ENV, notebook_scale, pick
 
 
 @pytest.mark.parametrize(("env", "scale"), [

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from starlette.requests import Request
 
-from benchmarks import serve_report
-from benchmarks.serve_apps import BatchedStdJson, _ServeModel
-from benchmarks.serve_drivers import http_body
-from benchmarks.serve_models import bench_models
+from benchmarks.serve import report as serve_report
+from benchmarks.serve.apps import BatchedStdJson, _ServeModel
+from benchmarks.serve.drivers import http_body
+from benchmarks.serve.models import bench_models
 from deployments.protocol import INFER_HEADER_LENGTH
 
 
@@ -43,7 +43,7 @@ X = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
 
 
 def test_json_goes_through_the_standard_library_and_answers_the_oip_shape(app, monkeypatch):
-    from benchmarks import serve_apps
+    from benchmarks.serve import apps as serve_apps
 
     def shared_codec(*a, **k):
         raise AssertionError("the documented peer must not take Raybatch's codec for JSON")

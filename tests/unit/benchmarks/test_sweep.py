@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.sweep import RealPoint, best_run, by_name, window_counts
+from benchmarks.engine.sweep import RealPoint, best_run, by_name, window_counts
 
 
 def point(name="a", load=1, p99_ms=1.0, sizes=None) -> RealPoint:

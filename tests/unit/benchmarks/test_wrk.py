@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from benchmarks.wrk import MARK, lua_script, lua_string, parse_summary, run_wrk
+from benchmarks.common.wrk import MARK, lua_script, lua_string, parse_summary, run_wrk
 
 
 def test_lua_strings_escape_quotes_backslashes_and_bytes():

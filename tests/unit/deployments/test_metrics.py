@@ -50,7 +50,7 @@ def test_every_series_follows_prometheus_conventions():
             assert s.labels[:2] == ("model", "version"), s.name
 
 
-def test_the_issue_s_series_are_all_declared():
+def test_the_documented_series_are_all_declared():
     wanted = {"requests_total", "queued_requests", "queued_items", "queue_wait_seconds",
               "batch_size_items", "batch_cost", "batches_total", "batch_compute_seconds",
               "inflight_batches", "replicas_desired", "replicas_running", "replicas_pending",

@@ -1,6 +1,6 @@
-"""Cancels under concurrency never cost anyone else their answer (issue 11, item 1).
+"""Cancels under concurrency never cost anyone else their answer.
 
-The reproduction from the issue: an embedded `BatchedService` whose model sleeps 0-2 ms
+The reproduction of the bug: an embedded `BatchedService` whose model sleeps 0-2 ms
 per batch in its worker thread, 20,000 concurrent submits, 5% cancelled at random right
 after submission. Every request that was not cancelled must get exactly its own result;
 before the fix about 60 of them failed with `KeyError` (a batch-mate was cancelled

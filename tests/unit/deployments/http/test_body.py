@@ -87,7 +87,7 @@ def test_a_body_that_stalls_is_a_408():
 
 def test_a_body_of_which_nothing_arrives_says_the_request_may_have_been_resent():
     # Serve's proxy resends a request whose ingress replica died without its body
-    # (benchmarks/results/session4/reliability.md): the 408 says so, and what to do.
+    # (benchmarks/results/2026-11-23-http-cpu/reliability.md): the 408 says so, and what to do.
     feed = Feed([None])
     with pytest.raises(BodyTimeout) as info:
         read(feed, timeout_s=0.05)

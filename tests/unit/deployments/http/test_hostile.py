@@ -71,7 +71,7 @@ def test_the_suite_is_large_and_covers_every_class():
 def test_a_client_that_never_reads_is_not_read_either():
     """Pipelined infer requests pushed by a client that reads nothing: the server stops
     reading once its answers back up, so what it holds for the connection stays bounded
-    however much is pushed (its RSS is measured by `benchmarks.front_hostile`, in a
+    however much is pushed (its RSS is measured by `benchmarks.http.front_hostile`, in a
     process of its own)."""
     block = OK_INFER * (65536 // len(OK_INFER))
     with ServerThread("oip", max_unsent_bytes=2**20) as server:
