@@ -199,7 +199,10 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
     down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
-    assert "ending " in down.stdout and "1 run(s) ended" in down.stdout, down.stdout
+    # what was left is ended ("ending <process>"), unless it ended on its own meanwhile
+    # (Ray's agents do once their raylet is gone): either way the run is over and nothing
+    # of it is left
+    assert "1 run(s) ended" in down.stdout, down.stdout
     assert not left_behind() and not runs.runs()
 
 
