@@ -96,12 +96,14 @@ class BatchHost(LoopHost[DynamicBatcher]):
 
     def add_replica(self, client: ReplicaClient) -> None:
         self._slots.append(ReplicaSlot(client))
+        self.engine.replicas = len(self._slots)  # admission's wait is shared among them
         self._unpark()
         self._schedule_pump()
 
     def remove_replica(self, client: ReplicaClient) -> None:
         """Stop sending to `client`; its outstanding batches finish or fail on their own."""
         self._slots = [s for s in self._slots if s.client is not client]
+        self.engine.replicas = max(len(self._slots), 1)
 
     def outstanding(self, client: ReplicaClient) -> int:
         return next((s.inflight for s in self._slots if s.client is client), 0)
