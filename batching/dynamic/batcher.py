@@ -114,6 +114,11 @@ class DynamicBatcher:
     def inflight_batches(self) -> int:
         return len(self._inflight)
 
+    @property
+    def admission(self) -> Admission | None:
+        """The admission checks (wait bound, deadlines); None when both are off."""
+        return self._admission
+
     def queued_by_level(self) -> tuple[LevelDepth, ...]:
         """Requests and items waiting at each priority level (1 first)."""
         return tuple(LevelDepth(i, q.count, q.items) for i, q in enumerate(self._levels, 1))

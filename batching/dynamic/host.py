@@ -176,7 +176,17 @@ class BatchHost(LoopHost[DynamicBatcher]):
             "cancelled": self.outcomes.get("cancelled", 0),
             "latency_model": {"a_ms": a * 1e3, "b_ms_per_cost": b * 1e3,
                               "warm": self.engine.latency.warm},
+            **self._admission_stats(),
         }
+
+    def _admission_stats(self) -> dict[str, Any]:
+        """The wait bound and what a full batch adds to a wait now (and from where)."""
+        admission = self.engine.admission
+        if admission is None or admission.max_wait_s is None:
+            return {}
+        full, each_s, basis = admission.batch_share(self.engine.replicas)
+        return {"admission": {"max_queue_wait_s": admission.max_wait_s, "full_batch_cost": full,
+                              "batch_share_ms": each_s * 1e3, "basis": basis}}
 
     # -- the pump: the only place batches are formed ---------------------------------------
     def _free_slots(self) -> int:

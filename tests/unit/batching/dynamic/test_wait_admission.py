@@ -232,6 +232,10 @@ def test_the_host_tells_the_engine_how_many_replicas_share_the_wait():
         host, _ = make_host(FakeReplica("a"), FakeReplica("b"), max_batch_size=4,
                             max_queue_wait_s=1.0)
         assert host.engine.replicas == 2
+        assert host.stats()["admission"] == {  # what `raybatch status` and the bench show
+            "max_queue_wait_s": 1.0, "full_batch_cost": 4.0,
+            "batch_share_ms": pytest.approx(COLD_BATCH_S * 1e3 / 2),
+            "basis": "assumed before any batch was timed"}
         host.remove_replica(host.replicas[0])
         assert host.engine.replicas == 1
 
