@@ -113,14 +113,15 @@ class LimitsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_queue_wait_s: float | None = Field(default=1.0, gt=0)
-    """Dynamic models: admission by time. A request is refused at once with Overloaded
-    (HTTP 429, Retry-After from the prediction) only when its predicted wait exceeds this
-    many seconds, or its own deadline if sooner: the batches in flight and the full
-    batches queued ahead of it, each taking a replica's share of a batch's time (as the
-    engine measures it; before it has, the latency model's prediction; before any batch,
-    0.1 s). A burst the replicas serve inside it is accepted whatever its size; the count
-    bound is then only a memory guard (`guard_batches`). Written into the batching policy
-    unless it sets `max_queue_wait_s` itself; None: admission by count (`queue_batches`)."""
+    """Dynamic models: admission by time. A request is refused at once with Overloaded (HTTP
+    429, Retry-After from the prediction) only when its predicted wait exceeds this many
+    seconds, or its own deadline if sooner: the batches in flight and the full batches
+    queued ahead of it, each taking a replica's share of a batch's time (as the engine
+    measures it; before it has, the latency model's prediction, first from the replicas'
+    warm-up batches; with no batch timed at all, 0.1 s). A burst the replicas serve
+    inside it is accepted whatever its size; the count bound is then only a memory guard
+    (`guard_batches`). Written into the batching policy unless it sets
+    `max_queue_wait_s` itself; None: admission by count (`queue_batches`)."""
     guard_batches: int | None = Field(default=64, ge=1)
     """Dynamic models admitted by time (`max_queue_wait_s`): the count bound that guards
     memory, in batches per replica (guard_batches x max_batch_size x the shard's

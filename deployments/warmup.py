@@ -8,7 +8,8 @@ A replica of a dynamic model runs `warmup.count` batches of each configured size
 joined exactly as the engine joins a real batch. The first answer of each size is
 checked against the declared outputs (names, rows, shapes, datatypes), so a class
 that does not fit its config fails here, at deploy time, with a message that says
-what differs and how to fix it.
+what differs and how to fix it. Each batch's time is reported (`warmup_batches`): the
+engine's first admission predictions come from them (`BatchHost.seed_latency`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
     collate = signature.collate()
     sizes = warmup_sizes(config)
     t0 = time.perf_counter()
+    timed: list[tuple[int, float]] = []  # (size, seconds) of each batch
     for size in sizes:
         batch = collate([signature.warmup_batch(size, w)])
         for run in range(w.count):
             try:
+                start = time.perf_counter()
                 out = run_batch(model, batch)
+                timed.append((size, time.perf_counter() - start))
             except Exception as e:
                 raise ModelError(
                     f"model {config.name!r} ({config.transformer}) raised on its warm-up batch "
@@ -57,4 +61,5 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
                 except ModelError as e:
                     raise ModelError(f"{config.transformer} does not match the tensors "
                                      f"declared for it: {e}") from None
-    return {"batch_sizes": sizes, "warmup_s": round(time.perf_counter() - t0, 3)}
+    return {"batch_sizes": sizes, "warmup_s": round(time.perf_counter() - t0, 3),
+            "warmup_batches": timed}

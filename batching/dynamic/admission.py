@@ -7,7 +7,8 @@ share of a batch's time, exceeds the bound, or its own deadline if that is soone
 burst the replicas can serve inside the bound is accepted whatever its size (the queue's
 count bound is then only a memory guard, far above). A batch's share of time is, best
 first: the measured service rate below; the latency model's prediction for a full batch
-over the replicas; before either has data, `COLD_BATCH_S` per batch over the replicas.
+over the replicas (the host seeds it with the replicas' warm-up batches, so it has data
+before the first request); with neither, `COLD_BATCH_S` per batch over the replicas.
 It only refuses at submit: what is accepted is served (priority and earliest-deadline
 order as the queues have them; a higher level arriving later still goes first).
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
@@ -99,6 +99,15 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.engine.replicas = len(self._slots)  # admission's wait is shared among them
         self._unpark()
         self._schedule_pump()
+
+    def seed_latency(self, batches: Iterable[tuple[float, float]]) -> None:
+        """Train the latency model with a new replica's warm-up batches, (cost, seconds),
+        while the engine has timed none of its own: admission's first predictions then
+        come from this model's own batches (first calls included: an overestimate) rather
+        than from the time it assumes before any (`admission.COLD_BATCH_S`)."""
+        if not self.engine.latency.observed:
+            for cost, seconds in batches:
+                self.engine.latency.observe(float(cost), float(seconds))
 
     def remove_replica(self, client: ReplicaClient) -> None:
         """Stop sending to `client`; its outstanding batches finish or fail on their own."""

@@ -240,3 +240,15 @@ def test_the_host_tells_the_engine_how_many_replicas_share_the_wait():
         assert host.engine.replicas == 1
 
     run(main())
+
+
+def test_a_replicas_warm_up_batches_seed_the_prediction_before_any_batch_is_timed():
+    async def main():
+        host, _ = make_host(FakeReplica("a"), max_batch_size=4, max_queue_wait_s=1.0)
+        host.seed_latency([(1, 0.25)])  # one warm-up batch of 1 item took 0.25 s
+        assert host.stats()["admission"]["basis"] == "predicted"
+        assert host.stats()["admission"]["batch_share_ms"] == pytest.approx(250.0)
+        host.seed_latency([(1, 5.0)])  # a later replica's does not replace what is known
+        assert host.stats()["admission"]["batch_share_ms"] == pytest.approx(250.0)
+
+    run(main())
