@@ -40,12 +40,26 @@ DEMO = ROOT / "deployments" / "configs" / "demo.yaml"
 
 
 # -- the client ----------------------------------------------------------------------------
-def request_bytes(port: int, model: str, width: int) -> bytes:
-    shape = [1] if width == 1 else [1, width]
-    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape,
-                                   "data": [0.5] * width}]}).encode()
+def request_bytes(port: int, model: str, width: int, items: int = 1,
+                  binary: bool = False) -> bytes:
+    """One infer request of `items` items (each `width` FP32 values), JSON or with the
+    binary tensor extension (inputs and outputs), as bytes ready to send."""
+    shape = [items] if width == 1 else [items, width]
+    x = np.full(items * width, 0.5, np.float32)
+    if binary:
+        raw = x.tobytes()
+        head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape,
+                                       "parameters": {"binary_data_size": len(raw)}}],
+                           "outputs": [{"name": "OUTPUT0",
+                                        "parameters": {"binary_data": True}}]}).encode()
+        body, kind = head + raw, ("application/octet-stream\r\nInference-Header-Content-"
+                                  f"Length: {len(head)}")
+    else:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape,
+                                       "data": x.tolist()}]}).encode()
+        kind = "application/json"
     head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+            f"Content-Type: {kind}\r\nContent-Length: {len(body)}\r\n\r\n")
     return head.encode() + body
 
 
@@ -194,13 +208,26 @@ def deploy(config_path: Path, models: set[str]) -> tuple[Any, Any]:
     return config, handle
 
 
+def engine_waits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Quantiles of the accepted requests' wait in the engine's queue between two stats
+    snapshots (its histogram): the part of their latency that admission predicts."""
+    from batching.stats import LATENCY_BUCKETS_S, quantile
+
+    counts = [b - a for a, b in zip(before["queue_hist"], after["queue_hist"])]
+    return {"p50": quantile(0.5, counts), "p99": quantile(0.99, counts),
+            "above_last_bound": counts[-1], "le_1s": sum(
+                n for n, le in zip(counts, LATENCY_BUCKETS_S) if le <= 1.0),
+            "count": sum(counts)}
+
+
 async def measure(args: argparse.Namespace, config: Any, handle: Any) -> dict[str, Any]:
     port = config.ingress.native_port
     model = next(m for m in config.models if m.name == args.model)
     width = 1 if len(model.inputs[0].shape) == 1 else model.inputs[0].shape[-1]
-    data = request_bytes(port, args.model, width)
+    data = request_bytes(port, args.model, width, args.items, args.binary)
     pid = ingress_pid(config.app_name)
-    out: dict[str, Any] = {"model": args.model, "port": port,
+    out: dict[str, Any] = {"model": args.model, "port": port, "items_per_request": args.items,
+                           "binary": args.binary,
                            "max_queue_wait_s": model.limits.max_queue_wait_s,
                            "max_batch_size": model.batch_size,
                            "replicas": model.replicas.max_replicas}
@@ -213,8 +240,10 @@ async def measure(args: argparse.Namespace, config: Any, handle: Any) -> dict[st
     out["warmup"] = await open_loop(port, data, rate, 5.0, conns)
     await asyncio.sleep(2)
     rss_before = rss_mib(pid)
+    before = (await handle.status.remote())[args.model]
     out["overload"] = await open_loop(port, data, rate, args.duration, conns)
     stats = (await handle.status.remote())[args.model]
+    out["overload"]["engine_queue_wait_s"] = engine_waits(before, stats)
     await asyncio.sleep(2)
     out["rss_mib"] = {"before": rss_before, "after": rss_mib(pid)}
     out["rss_mib"]["change"] = round(out["rss_mib"]["after"] - rss_before, 1)
@@ -238,6 +267,8 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=DEMO)
     p.add_argument("--model", default="square")
     p.add_argument("--burst", type=int, default=1500)
+    p.add_argument("--items", type=int, default=1, help="items per request")
+    p.add_argument("--binary", action="store_true", help="binary tensors, not JSON")
     p.add_argument("--concurrency", type=int, default=64, help="closed-loop clients")
     p.add_argument("--multiple", type=float, default=10.0, help="offered / capacity")
     p.add_argument("--duration", type=float, default=30.0)
@@ -258,7 +289,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"overload_{args.model}.json").write_text(text + "\n")
+        name = f"overload_{args.model}_{args.items}items{'_binary' if args.binary else ''}"
+        (args.out / f"{name}.json").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,10 @@ deadline as far as the measured rate holds (if it does not, the queue deadline s
 ends it with DeadlineExceeded before it runs).
 
 The rate: each batch that left full (`max_batch_size` items or `max_batch_cost`)
-and completed while work was in flight ever since the previous completion (or since
-it was sent, after an idle spell) is one sample, its cost over that time; the rate
+and completed while work was in flight, or a full batch queued, ever since the previous
+completion (or since it was sent, after an idle spell) is one sample, its cost over that
+time (so a host slow to send what is queued, e.g. an event loop busy answering, is
+measured as the slower service it is); the rate
 is the ratio of the samples' exponentially weighted means. Batches sent half empty
 (light load) say how much work there was, not how much could be done: they are not
 samples. Until the first sample the deadline checks predict nothing (the wait bound
@@ -82,8 +84,10 @@ class ServiceRate:
         return self._cost
 
     def sent(self, now: float, idle: bool) -> None:
-        """A batch left; `idle`: nothing was in flight before it (a busy stretch starts)."""
-        if idle:
+        """A batch left; `idle`: nothing was in flight before it (a busy stretch starts,
+        unless one goes on: a full batch was queued when the last one came back, so the
+        time until this one left was the host's, and counts)."""
+        if idle and self._since is None:
             self._since = now
 
     def completed(self, now: float, cost: float, full: bool, busy: bool) -> None:

@@ -181,7 +181,10 @@ class DynamicBatcher:
         if not self._inflight:
             self._inflight_cost = 0.0  # no float drift left over
         if self._admission is not None:
-            rate, busy = self._admission.rate, bool(self._inflight)
+            # busy: work in flight, or a full batch queued (the replicas' next batch
+            # waits on the host, not on arrivals: that time is the service's too)
+            rate = self._admission.rate
+            busy = bool(self._inflight) or self._cost >= self._admission.full_cost - 1e-9
             if failed:
                 rate.failed(busy, now)
             else:

@@ -146,6 +146,20 @@ def test_off_only_the_count_bound_holds():
     assert fill(q, 5000, 0.0) == 5000
 
 
+def test_a_host_slow_to_send_what_is_queued_is_measured_as_the_slower_service_it_is():
+    """A replica that computes a batch in 0.1 s, behind a host (an event loop busy with
+    other work) that sends the next full batch only 0.4 s after the last came back: the
+    time between the two counts, or admission would predict waits 5x too short."""
+    q = engine()
+    for i in range(8):
+        q.submit(req(i), now=0.0)
+    a = q.next_batch(0.0, free_replicas=1)
+    q.complete(a.id, 0.1, compute_s=0.1)  # 4 per 0.1 s; a full batch still queued
+    b = q.next_batch(0.5, free_replicas=1)  # nothing in flight: sent late by the host
+    q.complete(b.id, 0.6, compute_s=0.1)  # 4 per 0.5 s since the last came back
+    assert q.admission.rate.per_s == pytest.approx(1 / (0.025 + 0.2 * (0.125 - 0.025)))
+
+
 @settings(max_examples=60, deadline=None)
 @given(size=st.integers(1, 16), batch_s=st.sampled_from([1 / 64, 1 / 8, 1 / 4, 1 / 2]),
        bound_s=st.sampled_from([0.25, 0.5, 1.0, 2.0]), levels=st.integers(1, 3),
