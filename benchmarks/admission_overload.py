@@ -208,6 +208,19 @@ def deploy(config_path: Path, models: set[str]) -> tuple[Any, Any]:
     return config, handle
 
 
+async def poll(handle: Any, model: str, timeline: list[dict[str, Any]]) -> None:
+    """Every second: what the engine holds and what it predicts a full batch adds."""
+    start = time.monotonic()
+    while True:
+        await asyncio.sleep(1.0)
+        s = (await handle.status.remote())[model]
+        adm = s.get("admission") or {}
+        timeline.append({"t": round(time.monotonic() - start, 1),
+                         "queued_requests": s.get("queued_requests"),
+                         "inflight_batches": s.get("inflight_batches"),
+                         "batch_share_ms": round(adm.get("batch_share_ms", 0.0), 2)})
+
+
 def engine_waits(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Quantiles of the accepted requests' wait in the engine's queue between two stats
     snapshots (its histogram): the part of their latency that admission predicts."""
@@ -241,7 +254,11 @@ async def measure(args: argparse.Namespace, config: Any, handle: Any) -> dict[st
     await asyncio.sleep(2)
     rss_before = rss_mib(pid)
     before = (await handle.status.remote())[args.model]
+    timeline: list[dict[str, Any]] = []
+    poller = asyncio.create_task(poll(handle, args.model, timeline))
     out["overload"] = await open_loop(port, data, rate, args.duration, conns)
+    poller.cancel()
+    out["overload"]["engine_timeline"] = timeline
     stats = (await handle.status.remote())[args.model]
     out["overload"]["engine_queue_wait_s"] = engine_waits(before, stats)
     await asyncio.sleep(2)

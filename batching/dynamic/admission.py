@@ -9,8 +9,11 @@ count bound is then only a memory guard, far above). A batch's share of time is,
 first: the measured service rate below; the latency model's prediction for a full batch
 over the replicas (the host seeds it with the replicas' warm-up batches, so it has data
 before the first request); with neither, `COLD_BATCH_S` per batch over the replicas.
-It only refuses at submit: what is accepted is served (priority and earliest-deadline
-order as the queues have them; a higher level arriving later still goes first).
+What is accepted is served in the queues' order (priority, earliest deadline; a higher
+level arriving later still goes first), unless the measured service slows after it was
+accepted (on a shared machine, refusing an overload takes CPU the replicas had) so
+that it would start past its arrival plus the bound: then it is shed before it runs
+with the same error, as with deadlines below.
 
 Deadlines (`deadline_admission`): a bounded queue alone still lets an accepted request
 wait for the whole queue, and under overload its deadline passes in the queue (a 504
@@ -205,24 +208,36 @@ class Admission:
             f"{max(replicas, 1)} replica(s), {basis}), past {what}; retry later",
             retry_after_s=wait_s - bound_s)
 
-    def shed(self, levels: list[LevelQueue], inflight_cost: float,
-             now: float) -> list[tuple[Entry, Overloaded]]:
-        """The queued entries that can no longer finish by their deadline, in service order
-        with the work ahead of each (what is shed no longer counts as ahead)."""
-        rate = self.rate
-        if not self.deadlines or not rate.known:
+    def shed(self, levels: list[LevelQueue], inflight_cost: float, now: float,
+             inflight_batches: int = 0, replicas: int = 1) -> list[tuple[Entry, Overloaded]]:
+        """The queued entries, in service order, that would now start past their arrival
+        plus the wait bound (and a batch's share, the prediction's grain: the service
+        slowed after they were accepted) or can no longer finish by their deadline, with
+        the work ahead of each (what is shed no longer counts as ahead)."""
+        rate, bound = self.rate, self.max_wait_s
+        if not rate.known or (bound is None and not self.deadlines):
             return []
+        full, each_s, _ = self.batch_share(replicas)
         out = []
-        work = inflight_cost
+        work, ahead = inflight_cost, 0.0
         for level, queue in enumerate(levels):
             for entry in queue.in_order():
                 cost = entry.remaining_cost
+                if bound is not None and entry.offset == 0:  # none of it is running
+                    wait_s = (inflight_batches + math.floor(ahead / full + 1e-9)) * each_s
+                    if now + wait_s > entry.arrival_s + bound + each_s:
+                        out.append((entry, wait_shed_error(
+                            entry.request.id, now - entry.arrival_s, wait_s, bound)))
+                        continue
                 work += cost
-                if self.exempt[level] or entry.deadline_s == math.inf or entry.delayed:
+                ahead += cost
+                if (not self.deadlines or self.exempt[level] or entry.deadline_s == math.inf
+                        or entry.delayed):
                     continue
                 end_s = self._finish_s(now, work)
                 if end_s > entry.deadline_s:
                     work -= cost  # shed: it no longer counts as ahead of the rest
+                    ahead -= cost
                     out.append((entry, shed_error(entry.request.id, now - entry.arrival_s,
                                                   end_s - now, rate.per_s,
                                                   entry.deadline_s - now)))
@@ -253,3 +268,14 @@ def shed_error(request_id: object, waited_s: float, wait_s: float, per_s: float,
         f"it ran: it would end in about {wait_s:.2f} s (the model drains {per_s:.1f}/s), past "
         f"its deadline in {max(left_s, 0.0):.2f} s; retry later, or raise the timeout",
         retry_after_s=wait_s - left_s)
+
+
+def wait_shed_error(request_id: object, waited_s: float, wait_s: float,
+                    bound_s: float) -> Overloaded:
+    """The error of a queued request shed because the service slowed after it was
+    accepted: it would start past its wait bound."""
+    return Overloaded(
+        f"request {request_id!r} was shed after {waited_s * 1e3:.0f} ms in the queue, before "
+        f"it ran: the model slowed since it was accepted, and it would start in about "
+        f"{wait_s:.2f} s more, past its wait bound of {bound_s:.2f} s (max_queue_wait_s); "
+        "retry later", retry_after_s=waited_s + wait_s - bound_s)

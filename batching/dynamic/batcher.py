@@ -256,7 +256,8 @@ class DynamicBatcher:
 
     def _shed(self, now: float) -> None:
         self._shed_due = False
-        for entry, error in self._admission.shed(self._levels, self._inflight_cost, now):
+        for entry, error in self._admission.shed(self._levels, self._inflight_cost, now,
+                                                 len(self._inflight), self.replicas):
             self._remove(entry)
             self._failures.append(Failure(entry.request.id, error))
 
