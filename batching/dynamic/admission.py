@@ -2,8 +2,8 @@
 
 Wait bound (`max_queue_wait_s`): a request is refused at submit with `Overloaded` (429,
 Retry-After: when enough has drained for it to fit) only when its predicted wait, the
-batches in flight plus the full batches queued ahead of it, each taking a replica's
-share of a batch's time, exceeds the bound, or its own deadline if that is sooner. A
+work in flight and queued ahead of it in full batches, each taking a replica's share of
+a batch's time, exceeds the bound, or its own deadline if that is sooner. A
 burst the replicas can serve inside the bound is accepted whatever its size (the queue's
 count bound is then only a memory guard, far above). A batch's share of time is, best
 first: the measured service rate below; the latency model's prediction for a full batch
@@ -156,14 +156,18 @@ class Admission:
             return full, self.latency.predict(full) / n, "predicted"
         return full, COLD_BATCH_S / n, "assumed before any batch was timed"
 
-    def wait_s(self, ahead: float, inflight_batches: int, replicas: int) -> float:
-        """Predicted wait of a request with `ahead` cost queued before it: the batches in
-        flight, then the full batches ahead of it (it joins the one that is not full)."""
+    def wait_s(self, work: float, replicas: int) -> float:
+        """Predicted wait of a request with `work` ahead of it (the cost in flight and
+        queued before it): that work in full batches (it joins the one not full). Batches
+        in flight count by their cost: a half-empty one sent into a pipeline slot counts
+        half, or a slow model's pipeline full of small batches would fill the bound and
+        refuse what would make the next batches full (the prediction is exact again
+        once they are, as under overload)."""
         full, each_s, _ = self.batch_share(replicas)
-        return (inflight_batches + math.floor(ahead / full + 1e-9)) * each_s
+        return math.floor(work / full + 1e-9) * each_s
 
     def check(self, entry: Entry, levels: list[LevelQueue], inflight_cost: float,
-              cost: float, now: float, inflight_batches: int = 0, replicas: int = 1) -> None:
+              cost: float, now: float, replicas: int = 1) -> None:
         """Raise Overloaded if `entry` (not queued yet) would wait past the wait bound (or
         its deadline, if sooner), or cannot finish by its deadline."""
         own = levels[entry.level - 1]
@@ -174,13 +178,13 @@ class Admission:
             bound = self.max_wait_s
             if not self.exempt[entry.level - 1]:
                 bound = min(bound, entry.deadline_s - now)
-            wait = self.wait_s(ahead, inflight_batches, replicas)
+            wait = self.wait_s(inflight_cost + ahead, replicas)
             if wait > bound and edf:
                 behind = _behind(entry, own)
-                wait = self.wait_s(ahead - behind, inflight_batches, replicas)
+                wait = self.wait_s(inflight_cost + ahead - behind, replicas)
             if wait > bound:
-                raise self.wait_refusal(wait, bound, ahead - (behind or 0.0),
-                                        inflight_batches, replicas)
+                raise self.wait_refusal(wait, bound, inflight_cost + ahead - (behind or 0.0),
+                                        replicas)
         rate = self.rate
         if (not self.deadlines or entry.deadline_s == math.inf
                 or self.exempt[entry.level - 1] or not rate.known):
@@ -195,11 +199,11 @@ class Admission:
         raise refusal(self._finish_s(now, work) - now, rate.per_s,
                       entry.deadline_s - entry.arrival_s)
 
-    def wait_refusal(self, wait_s: float, bound_s: float, ahead: float,
-                     inflight_batches: int, replicas: int) -> Overloaded:
+    def wait_refusal(self, wait_s: float, bound_s: float, work: float,
+                     replicas: int) -> Overloaded:
         """The error of a request that would wait `wait_s`, past `bound_s`."""
         full, each_s, basis = self.batch_share(replicas)
-        batches = inflight_batches + math.floor(ahead / full + 1e-9)
+        batches = math.floor(work / full + 1e-9)
         what = (f"the bound of {bound_s:.2f} s (max_queue_wait_s)" if bound_s == self.max_wait_s
                 else f"its timeout ({max(bound_s, 0.0):.2f} s left)")
         return Overloaded(
@@ -209,23 +213,22 @@ class Admission:
             retry_after_s=wait_s - bound_s)
 
     def shed(self, levels: list[LevelQueue], inflight_cost: float, now: float,
-             inflight_batches: int = 0, replicas: int = 1) -> list[tuple[Entry, Overloaded]]:
+             replicas: int = 1) -> list[tuple[Entry, Overloaded]]:
         """The queued entries, in service order, that would now start past their arrival
-        plus the wait bound (and a batch's share, the prediction's grain: the service
-        slowed after they were accepted) or can no longer finish by their deadline, with
-        the work ahead of each (what is shed no longer counts as ahead)."""
+        plus the wait bound (the service slowed after they were accepted, or the batches
+        in flight were emptier than counted) or can no longer finish by their deadline,
+        with the work ahead of each (what is shed no longer counts as ahead)."""
         rate, bound = self.rate, self.max_wait_s
         if not rate.known or (bound is None and not self.deadlines):
             return []
-        full, each_s, _ = self.batch_share(replicas)
         out = []
         work, ahead = inflight_cost, 0.0
         for level, queue in enumerate(levels):
             for entry in queue.in_order():
                 cost = entry.remaining_cost
                 if bound is not None and entry.offset == 0:  # none of it is running
-                    wait_s = (inflight_batches + math.floor(ahead / full + 1e-9)) * each_s
-                    if now + wait_s > entry.arrival_s + bound + each_s:
+                    wait_s = self.wait_s(inflight_cost + ahead, replicas)
+                    if now + wait_s > entry.arrival_s + bound + 1e-9:
                         out.append((entry, wait_shed_error(
                             entry.request.id, now - entry.arrival_s, wait_s, bound)))
                         continue

@@ -149,7 +149,7 @@ class DynamicBatcher:
         cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
         if self._admission is not None:  # Overloaded: it would wait or end too late
             self._admission.check(entry, self._levels, self._inflight_cost, cost, now,
-                                  len(self._inflight), self.replicas)
+                                  self.replicas)
         if self._length_fn is not None:
             entry.length = float(self._length_fn(request.items))
         queue.push(entry)
@@ -257,7 +257,7 @@ class DynamicBatcher:
     def _shed(self, now: float) -> None:
         self._shed_due = False
         for entry, error in self._admission.shed(self._levels, self._inflight_cost, now,
-                                                 len(self._inflight), self.replicas):
+                                                 self.replicas):
             self._remove(entry)
             self._failures.append(Failure(entry.request.id, error))
 
