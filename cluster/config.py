@@ -115,8 +115,8 @@ class LimitsConfig(BaseModel):
     max_queue_wait_s: float | None = Field(default=1.0, gt=0)
     """Dynamic models: admission by time. A request is refused at once with Overloaded (HTTP
     429, Retry-After from the prediction) only when its predicted wait exceeds this many
-    seconds, or its own deadline if sooner: the batches in flight and the full batches
-    queued ahead of it, each taking a replica's share of a batch's time (as the engine
+    seconds, or its own deadline if sooner: the work in flight and queued ahead of it,
+    in full batches, each taking a replica's share of a batch's time (as the engine
     measures it; before it has, the latency model's prediction, first from the replicas'
     warm-up batches; with no batch timed at all, 0.1 s). A burst the replicas serve
     inside it is accepted whatever its size; the count bound is then only a memory guard
