@@ -41,6 +41,11 @@ class LatencyModel:
         self._sxy = self._sxy * d + cost * latency_s
 
     @property
+    def observed(self) -> bool:
+        """Whether any batch was observed (a prediction from fewer than `min_samples`)."""
+        return self._n > 0
+
+    @property
     def warm(self) -> bool:
         return self._n >= self.min_samples
 

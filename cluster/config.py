@@ -116,12 +116,29 @@ class LimitsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    max_queue_wait_s: float | None = Field(default=1.0, gt=0)
+    """Dynamic models: admission by time. A request is refused at once with Overloaded (HTTP
+    429, Retry-After from the prediction) only when its predicted wait exceeds this many
+    seconds, or its own deadline if sooner: the work in flight and queued ahead of it,
+    in full batches, each taking a replica's share of a batch's time (as the engine
+    measures it; before it has, the latency model's prediction, first from the replicas'
+    warm-up batches; with no batch timed at all, 0.1 s). A burst the replicas serve
+    inside it is accepted whatever its size; the count bound is then only a memory guard
+    (`guard_batches`). Written into the batching policy unless it sets
+    `max_queue_wait_s` itself; None: admission by count (`queue_batches`)."""
+    guard_batches: int | None = Field(default=64, ge=1)
+    """Dynamic models admitted by time (`max_queue_wait_s`): the count bound that guards
+    memory, in batches per replica (guard_batches x max_batch_size x the shard's
+    max_replicas requests), far above what the time bound lets wait for all but the
+    fastest models. One more is refused with QueueFull (429). Used where the policy sets
+    no max_queue_size itself; None: no guard."""
     queue_batches: int | None = Field(default=8, ge=1)
     """Default bound of each batching shard's queue, in batches per replica: at most
     queue_batches x batch size x the shard's max_replicas requests wait (batch size:
     max_batch_size; max_active for generative models; for stateful models it bounds the
     sequence starts waiting for a slot). One more is refused with QueueFull (HTTP 429 with
-    Retry-After). Used only where the batching policy sets no bound itself
+    Retry-After). Dynamic models use it only with `max_queue_wait_s: null` (else
+    `guard_batches`). Used only where the batching policy sets no bound itself
     (max_queue_size, max_pending_sequences); None: unbounded (not recommended)."""
     max_request_items: int | None = Field(default=None, ge=1)
     """Most items (the leading dimension) one request may carry; more is refused with HTTP
@@ -192,12 +209,19 @@ class ModelConfig(BaseModel):
         return self.batcher.num_cpus + self.replicas.host_cpus(self.batcher.shards)
 
     def bounded(self) -> ModelConfig:
-        """This config with the default queue bound (`limits.queue_batches`) written into
-        every queue of its batching policy that has none of its own."""
-        batches = self.limits.queue_batches
+        """This config with the default queue bounds written into its batching policy where
+        it has none of its own: for a dynamic model the wait bound
+        (`limits.max_queue_wait_s`) and, with it, the count guard (`limits.guard_batches`);
+        else the count bound (`limits.queue_batches`)."""
+        limits, policy = self.limits, self.batching
+        batches = limits.queue_batches
+        if isinstance(policy, DynamicPolicy):
+            if policy.max_queue_wait_s is None and limits.max_queue_wait_s is not None:
+                policy = policy.model_copy(update={"max_queue_wait_s": limits.max_queue_wait_s})
+            if policy.max_queue_wait_s is not None:
+                batches = limits.guard_batches
         if batches is None:
-            return self
-        policy = self.batching
+            return self.model_copy(update={"batching": policy})
         per_replica = getattr(policy, "sequences_per_replica", self.batch_size)
         bound = batches * per_replica * max(self.replicas.max_replicas, 1)
         if isinstance(policy, SequencePolicy):

@@ -211,7 +211,8 @@ class ReplicaPool:
             while True:
                 done, _ = await asyncio.wait([ready], timeout=PENDING_WARN_S)
                 if done:
-                    self._check_ready(index, client, ready.result())
+                    info = ready.result()
+                    self._check_ready(index, client, info)
                     break
                 self._report_pending(index, client)
         except Exception as e:
@@ -219,6 +220,9 @@ class ReplicaPool:
             raise
         finally:
             self._starting.pop(index, None)
+        seed = getattr(self.host, "seed_latency", None)  # dynamic models: warm-up timings
+        if seed is not None:
+            seed(info.get("warmup_batches", ()))
         self.host.add_replica(client)
 
     def _report_pending(self, index: int, client: ReplicaClient) -> None:

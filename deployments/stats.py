@@ -48,6 +48,7 @@ def merge_stats(shards: list[dict[str, Any]]) -> dict[str, Any]:
     out["mean_batch_size"] = round(out["items"] / out["batches"], 3) if out["batches"] else 0.0
     out["last_inference_ms"] = max(s.get("last_inference_ms", 0) for s in shards)
     out["latency_model"] = [s.get("latency_model") for s in shards]
+    out["admission"] = [s.get("admission") for s in shards]
     out["replica_info"] = [r for s in shards for r in s.get("replica_info", [])]
     out["shards"] = len(shards)
     out["kind"] = shards[0].get("kind", "dynamic")

@@ -11,7 +11,9 @@ one-request sequences (start, end and ready set on every row) through a throwawa
 `StateStore`, so no state outlives the warm-up. The first answer of each size is
 checked against the declared outputs (names, rows, shapes, datatypes), so a class
 that does not fit its config fails here, at deploy time, with a message that says
-what differs and how to fix it. Generative models have no warm-up (yet).
+what differs and how to fix it. Generative models have no warm-up (yet). Each batch's
+time is reported (`warmup_batches`): the engine's first admission predictions come from
+them (`BatchHost.seed_latency`).
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
     sizes = warmup_sizes(config)
     stateful = config.batching.kind == "sequence"
     t0 = time.perf_counter()
+    timed: list[tuple[int, float]] = []  # (size, seconds) of each batch
     for size in sizes:
         batch = signature.warmup_batch(size, w) if stateful else collate(
             [signature.warmup_batch(size, w)])
         for run in range(w.count):
             try:
+                start = time.perf_counter()
                 out = _run_sequences(model, batch, size) if stateful else run_batch(model, batch)
+                timed.append((size, time.perf_counter() - start))
             except Exception as e:
                 raise ModelError(
                     f"model {config.name!r} ({config.transformer}) raised on its warm-up batch "
@@ -66,7 +71,8 @@ def warm_up(config: ModelConfig, model: Any) -> dict[str, Any]:
                 except ModelError as e:
                     raise ModelError(f"{config.transformer} does not match the tensors "
                                      f"declared for it: {e}") from None
-    return {"batch_sizes": sizes, "warmup_s": round(time.perf_counter() - t0, 3)}
+    return {"batch_sizes": sizes, "warmup_s": round(time.perf_counter() - t0, 3),
+            "warmup_batches": timed}
 
 
 def _run_sequences(model: Any, batch: Any, size: int) -> Any:

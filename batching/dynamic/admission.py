@@ -1,25 +1,42 @@
-"""Deadline admission: refuse at once what the model cannot serve before its deadline.
+"""Admission by time: refuse at once what would wait too long or end past its deadline.
 
-A bounded queue alone still lets an accepted request wait for the whole queue, and
-under overload its deadline passes in the queue (a 504 after a full timeout, the
-worst answer a client can get). So the engine measures how fast its replicas drain
-work while they are kept busy (`ServiceRate`, cost per second), and predicts when a
-request would finish: now + (work in flight + work served before it + its own) /
-rate. A request predicted to finish past its deadline is refused at submit with
-`Overloaded` (HTTP 429, Retry-After: when that much work has drained); one already
-queued whose prediction no longer makes it (the rate dropped: a replica died, the
-first measurement came after a burst) is shed with the same error before it runs.
-Either way nothing ran, so a retry is safe; and what is accepted and kept finishes
-within its deadline as far as the measured rate holds (if it does not, the queue
-deadline still ends it with DeadlineExceeded before it runs).
+Wait bound (`max_queue_wait_s`): a request is refused at submit with `Overloaded` (429,
+Retry-After: when enough has drained for it to fit) only when its predicted wait, the
+work in flight and queued ahead of it in full batches, each taking a replica's share of
+a batch's time, exceeds the bound, or its own deadline if that is sooner. A
+burst the replicas can serve inside the bound is accepted whatever its size (the queue's
+count bound is then only a memory guard, far above). A batch's share of time is, best
+first: the measured service rate below; the latency model's prediction for a full batch
+over the replicas (the host seeds it with the replicas' warm-up batches, so it has data
+before the first request); with neither, `COLD_BATCH_S` per batch over the replicas.
+What is accepted is served in the queues' order (priority, earliest deadline; a higher
+level arriving later still goes first), unless the measured service slows after it was
+accepted (on a shared machine, refusing an overload takes CPU the replicas had) so
+that it would start past its arrival plus the bound: then it is shed before it runs
+with the same error, as with deadlines below.
+
+Deadlines (`deadline_admission`): a bounded queue alone still lets an accepted request
+wait for the whole queue, and under overload its deadline passes in the queue (a 504
+after a full timeout, the worst answer a client can get). So the engine measures how
+fast its replicas drain work while they are kept busy (`ServiceRate`, cost per second),
+and predicts when a request would finish: now + (work in flight + work served before it
++ its own) / rate. A request predicted to finish past its deadline is refused at submit
+with `Overloaded` (HTTP 429, Retry-After: when that much work has drained); one already
+queued whose prediction no longer makes it (the rate dropped: a replica died, the first
+measurement came after a burst) is shed with the same error before it runs. Either way
+nothing ran, so a retry is safe; and what is accepted and kept finishes within its
+deadline as far as the measured rate holds (if it does not, the queue deadline still
+ends it with DeadlineExceeded before it runs).
 
 The rate: each batch that left full (`max_batch_size` items or `max_batch_cost`)
-and completed while work was in flight ever since the previous completion (or since
-it was sent, after an idle spell) is one sample, its cost over that time; the rate
+and completed while work was in flight, or a full batch queued, ever since the previous
+completion (or since it was sent, after an idle spell) is one sample, its cost over that
+time (so a host slow to send what is queued, e.g. an event loop busy answering, is
+measured as the slower service it is); the rate
 is the ratio of the samples' exponentially weighted means. Batches sent half empty
 (light load) say how much work there was, not how much could be done: they are not
-samples. Until the first sample there is no prediction: the queue bound alone holds.
-Pure: every call is handed `now`.
+samples. Until the first sample the deadline checks predict nothing (the wait bound
+has its fallbacks). Pure: every call is handed `now`.
 """
 
 from __future__ import annotations
@@ -32,6 +49,11 @@ from batching.errors import Overloaded
 from batching.latency import LatencyModel
 
 _WEIGHT = 0.2  # of the newest sample in the weighted means
+# The time of one full batch assumed before any batch was timed: with a 1 s bound, 10
+# full batches per replica may wait, about the count bound used by default before
+# (8 batches per replica). Conservative for fast models (their first batches come back
+# in milliseconds and replace it), optimistic only for models slower than this.
+COLD_BATCH_S = 0.1
 
 
 @dataclass(slots=True)
@@ -65,8 +87,10 @@ class ServiceRate:
         return self._cost
 
     def sent(self, now: float, idle: bool) -> None:
-        """A batch left; `idle`: nothing was in flight before it (a busy stretch starts)."""
-        if idle:
+        """A batch left; `idle`: nothing was in flight before it (a busy stretch starts,
+        unless one goes on: a full batch was queued when the last one came back, so the
+        time until this one left was the host's, and counts)."""
+        if idle and self._since is None:
             self._since = now
 
     def completed(self, now: float, cost: float, full: bool, busy: bool) -> None:
@@ -101,59 +125,134 @@ class ServiceRate:
 
 
 class Admission:
-    """The deadline checks of one engine: at submit (`check`) and on the queue (`shed`).
-    `exempt[i]`: level i+1 lets expired requests run late (timeout_action=delay)."""
+    """The admission checks of one engine: at submit (`check`) and on the queue (`shed`).
+    `exempt[i]`: level i+1 lets expired requests run late (timeout_action=delay), so its
+    deadlines bound nothing; `max_wait_s`: the wait bound (None: none); `deadlines`:
+    deadline admission on; `full_cost`: the cost of a full batch (the policy's)."""
 
-    def __init__(self, exempt: list[bool], latency: LatencyModel) -> None:
+    def __init__(self, exempt: list[bool], latency: LatencyModel, *,
+                 max_wait_s: float | None = None, deadlines: bool = True,
+                 full_cost: float = 1.0) -> None:
         self.exempt = exempt
         self.rate = ServiceRate()
         self.latency = latency  # one batch's latency (for replicas in parallel)
+        self.max_wait_s = max_wait_s
+        self.deadlines = deadlines
+        self.full_cost = full_cost
 
     def _finish_s(self, now: float, work: float) -> float:
         rate = self.rate
         return rate.finish_s(now, work, self.latency.predict(rate.batch_cost))
 
+    def batch_share(self, replicas: int) -> tuple[float, float, str]:
+        """(cost of a full batch, seconds each full batch adds to a wait, where that comes
+        from): measured while busy, else predicted by the latency model over `replicas`,
+        else assumed (`COLD_BATCH_S` over `replicas`)."""
+        rate, n = self.rate, max(replicas, 1)
+        if rate.known:
+            return rate.batch_cost, rate.batch_cost / rate.per_s, "measured"
+        full = self.full_cost
+        if self.latency.observed:
+            return full, self.latency.predict(full) / n, "predicted"
+        return full, COLD_BATCH_S / n, "assumed before any batch was timed"
+
+    def wait_s(self, work: float, replicas: int) -> float:
+        """Predicted wait of a request with `work` ahead of it (the cost in flight and
+        queued before it): that work in full batches (it joins the one not full). Batches
+        in flight count by their cost: a half-empty one sent into a pipeline slot counts
+        half, or a slow model's pipeline full of small batches would fill the bound and
+        refuse what would make the next batches full (the prediction is exact again
+        once they are, as under overload)."""
+        full, each_s, _ = self.batch_share(replicas)
+        return math.floor(work / full + 1e-9) * each_s
+
     def check(self, entry: Entry, levels: list[LevelQueue], inflight_cost: float,
-              cost: float, now: float) -> None:
-        """Raise Overloaded if `entry` (not queued yet) cannot finish by its deadline."""
-        rate = self.rate
-        if entry.deadline_s == math.inf or self.exempt[entry.level - 1] or not rate.known:
-            return
+              cost: float, now: float, replicas: int = 1) -> None:
+        """Raise Overloaded if `entry` (not queued yet) would wait past the wait bound (or
+        its deadline, if sooner), or cannot finish by its deadline."""
         own = levels[entry.level - 1]
-        work = inflight_cost + sum(q.cost for q in levels[:entry.level]) + cost
+        ahead = sum(q.cost for q in levels[:entry.level])
+        edf = entry.deadline_s < own.latest_deadline_s  # served before some of its level
+        behind: float | None = None  # the cost of those (computed only when it matters)
+        if self.max_wait_s is not None:
+            bound = self.max_wait_s
+            if not self.exempt[entry.level - 1]:
+                bound = min(bound, entry.deadline_s - now)
+            wait = self.wait_s(inflight_cost + ahead, replicas)
+            if wait > bound and edf:
+                behind = _behind(entry, own)
+                wait = self.wait_s(inflight_cost + ahead - behind, replicas)
+            if wait > bound:
+                raise self.wait_refusal(wait, bound, inflight_cost + ahead - (behind or 0.0),
+                                        replicas)
+        rate = self.rate
+        if (not self.deadlines or entry.deadline_s == math.inf
+                or self.exempt[entry.level - 1] or not rate.known):
+            return
+        work = inflight_cost + ahead + cost
         if self._finish_s(now, work) <= entry.deadline_s:
             return
-        if entry.deadline_s < own.latest_deadline_s:  # served before some of its level
-            key = (entry.deadline_s, entry.seq)
-            work -= sum(e.remaining_cost for e in own.in_order()
-                        if e.delayed or (e.deadline_s, e.seq) > key)
+        if edf:
+            work -= _behind(entry, own) if behind is None else behind
             if self._finish_s(now, work) <= entry.deadline_s:
                 return
         raise refusal(self._finish_s(now, work) - now, rate.per_s,
                       entry.deadline_s - entry.arrival_s)
 
-    def shed(self, levels: list[LevelQueue], inflight_cost: float,
-             now: float) -> list[tuple[Entry, Overloaded]]:
-        """The queued entries that can no longer finish by their deadline, in service order
+    def wait_refusal(self, wait_s: float, bound_s: float, work: float,
+                     replicas: int) -> Overloaded:
+        """The error of a request that would wait `wait_s`, past `bound_s`."""
+        full, each_s, basis = self.batch_share(replicas)
+        batches = math.floor(work / full + 1e-9)
+        what = (f"the bound of {bound_s:.2f} s (max_queue_wait_s)" if bound_s == self.max_wait_s
+                else f"its timeout ({max(bound_s, 0.0):.2f} s left)")
+        return Overloaded(
+            f"the model is overloaded: this request would wait about {wait_s:.2f} s ("
+            f"{batches} batches ahead of it, {each_s * 1e3:.1f} ms each over "
+            f"{max(replicas, 1)} replica(s), {basis}), past {what}; retry later",
+            retry_after_s=wait_s - bound_s)
+
+    def shed(self, levels: list[LevelQueue], inflight_cost: float, now: float,
+             replicas: int = 1) -> list[tuple[Entry, Overloaded]]:
+        """The queued entries, in service order, that would now start past their arrival
+        plus the wait bound (the service slowed after they were accepted, or the batches
+        in flight were emptier than counted) or can no longer finish by their deadline,
         with the work ahead of each (what is shed no longer counts as ahead)."""
-        rate = self.rate
-        if not rate.known:
+        rate, bound = self.rate, self.max_wait_s
+        if not rate.known or (bound is None and not self.deadlines):
             return []
         out = []
-        work = inflight_cost
+        work, ahead = inflight_cost, 0.0
         for level, queue in enumerate(levels):
             for entry in queue.in_order():
                 cost = entry.remaining_cost
+                if bound is not None and entry.offset == 0:  # none of it is running
+                    wait_s = self.wait_s(inflight_cost + ahead, replicas)
+                    if now + wait_s > entry.arrival_s + bound + 1e-9:
+                        out.append((entry, wait_shed_error(
+                            entry.request.id, now - entry.arrival_s, wait_s, bound)))
+                        continue
                 work += cost
-                if self.exempt[level] or entry.deadline_s == math.inf or entry.delayed:
+                ahead += cost
+                if (not self.deadlines or self.exempt[level] or entry.deadline_s == math.inf
+                        or entry.delayed):
                     continue
                 end_s = self._finish_s(now, work)
                 if end_s > entry.deadline_s:
                     work -= cost  # shed: it no longer counts as ahead of the rest
+                    ahead -= cost
                     out.append((entry, shed_error(entry.request.id, now - entry.arrival_s,
                                                   end_s - now, rate.per_s,
                                                   entry.deadline_s - now)))
         return out
+
+
+def _behind(entry: Entry, own: LevelQueue) -> float:
+    """The cost queued at `entry`'s level that is served after it (later deadlines, and
+    the delayed requests)."""
+    key = (entry.deadline_s, entry.seq)
+    return sum(e.remaining_cost for e in own.in_order()
+               if e.delayed or (e.deadline_s, e.seq) > key)
 
 
 def refusal(wait_s: float, per_s: float, timeout_s: float) -> Overloaded:
@@ -172,3 +271,14 @@ def shed_error(request_id: object, waited_s: float, wait_s: float, per_s: float,
         f"it ran: it would end in about {wait_s:.2f} s (the model drains {per_s:.1f}/s), past "
         f"its deadline in {max(left_s, 0.0):.2f} s; retry later, or raise the timeout",
         retry_after_s=wait_s - left_s)
+
+
+def wait_shed_error(request_id: object, waited_s: float, wait_s: float,
+                    bound_s: float) -> Overloaded:
+    """The error of a queued request shed because the service slowed after it was
+    accepted: it would start past its wait bound."""
+    return Overloaded(
+        f"request {request_id!r} was shed after {waited_s * 1e3:.0f} ms in the queue, before "
+        f"it ran: the model slowed since it was accepted, and it would start in about "
+        f"{wait_s:.2f} s more, past its wait bound of {bound_s:.2f} s (max_queue_wait_s); "
+        "retry later", retry_after_s=waited_s + wait_s - bound_s)

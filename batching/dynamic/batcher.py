@@ -19,9 +19,10 @@ level's `timeout_action=delay`. When to send, checked in this order:
              with `fill_while_busy` and every replica running a batch, not before the
              first running batch is predicted to end (less `busy_lead_s`).
 Expired requests are failed (or delayed) before anything is formed, so nothing
-expired reaches a replica. With `deadline_admission` (`admission.py`), a request that
-cannot finish by its deadline at the measured service rate is refused at submit,
-and a queued one that no longer can is shed (`Overloaded`) before it runs.
+expired reaches a replica. With `max_queue_wait_s` (`admission.py`), a request that
+would wait longer (or past its deadline) is refused at submit with `Overloaded`; with
+`deadline_admission`, one that cannot finish by its deadline at the measured service
+rate is refused at submit, and a queued one that no longer can is shed before it runs.
 A request that does not fit is split: the batch takes what fits and the rest
 stays at the head of its queue. With `group_by_length` a batch starts with the
 same request and takes the queued requests nearest to it in length as its
@@ -86,7 +87,11 @@ class DynamicBatcher:
         self._admission = Admission(
             [policy.queue_policy(i).timeout_action is TimeoutAction.DELAY
              for i in range(1, policy.priority_levels + 1)],
-            self.latency) if policy.deadline_admission else None
+            self.latency, max_wait_s=policy.max_queue_wait_s,
+            deadlines=policy.deadline_admission,
+            full_cost=min(float(policy.max_batch_size), self._max_cost),
+        ) if policy.deadline_admission or policy.max_queue_wait_s is not None else None
+        self.replicas = 1  # replicas serving this engine (the host keeps it current)
         self._shed_due = False  # the service rate or the work in flight changed
         self._last_arrival_s: float | None = None
         self._interarrival_s = math.inf
@@ -108,6 +113,11 @@ class DynamicBatcher:
     @property
     def inflight_batches(self) -> int:
         return len(self._inflight)
+
+    @property
+    def admission(self) -> Admission | None:
+        """The admission checks (wait bound, deadlines); None when both are off."""
+        return self._admission
 
     def queued_by_level(self) -> tuple[LevelDepth, ...]:
         """Requests and items waiting at each priority level (1 first)."""
@@ -137,8 +147,9 @@ class DynamicBatcher:
         entry = Entry(request, level, now, now + self._timeout_of(request, level),
                       next(self._seq), cum_cost)
         cost = float(request.num_items) if cum_cost is None else cum_cost[-1]
-        if self._admission is not None:  # Overloaded: it cannot finish in time
-            self._admission.check(entry, self._levels, self._inflight_cost, cost, now)
+        if self._admission is not None:  # Overloaded: it would wait or end too late
+            self._admission.check(entry, self._levels, self._inflight_cost, cost, now,
+                                  self.replicas)
         if self._length_fn is not None:
             entry.length = float(self._length_fn(request.items))
         queue.push(entry)
@@ -170,7 +181,10 @@ class DynamicBatcher:
         if not self._inflight:
             self._inflight_cost = 0.0  # no float drift left over
         if self._admission is not None:
-            rate, busy = self._admission.rate, bool(self._inflight)
+            # busy: work in flight, or a full batch queued (the replicas' next batch
+            # waits on the host, not on arrivals: that time is the service's too)
+            rate = self._admission.rate
+            busy = bool(self._inflight) or self._cost >= self._admission.full_cost - 1e-9
             if failed:
                 rate.failed(busy, now)
             else:
@@ -242,7 +256,8 @@ class DynamicBatcher:
 
     def _shed(self, now: float) -> None:
         self._shed_due = False
-        for entry, error in self._admission.shed(self._levels, self._inflight_cost, now):
+        for entry, error in self._admission.shed(self._levels, self._inflight_cost, now,
+                                                 self.replicas):
             self._remove(entry)
             self._failures.append(Failure(entry.request.id, error))
 

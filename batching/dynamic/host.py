@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,12 +96,23 @@ class BatchHost(LoopHost[DynamicBatcher]):
 
     def add_replica(self, client: ReplicaClient) -> None:
         self._slots.append(ReplicaSlot(client))
+        self.engine.replicas = len(self._slots)  # admission's wait is shared among them
         self._unpark()
         self._schedule_pump()
+
+    def seed_latency(self, batches: Iterable[tuple[float, float]]) -> None:
+        """Train the latency model with a new replica's warm-up batches, (cost, seconds),
+        while the engine has timed none of its own: admission's first predictions then
+        come from this model's own batches (first calls included: an overestimate) rather
+        than from the time it assumes before any (`admission.COLD_BATCH_S`)."""
+        if not self.engine.latency.observed:
+            for cost, seconds in batches:
+                self.engine.latency.observe(float(cost), float(seconds))
 
     def remove_replica(self, client: ReplicaClient) -> None:
         """Stop sending to `client`; its outstanding batches finish or fail on their own."""
         self._slots = [s for s in self._slots if s.client is not client]
+        self.engine.replicas = max(len(self._slots), 1)
 
     def outstanding(self, client: ReplicaClient) -> int:
         return next((s.inflight for s in self._slots if s.client is client), 0)
@@ -174,7 +185,17 @@ class BatchHost(LoopHost[DynamicBatcher]):
             "cancelled": self.outcomes.get("cancelled", 0),
             "latency_model": {"a_ms": a * 1e3, "b_ms_per_cost": b * 1e3,
                               "warm": self.engine.latency.warm},
+            **self._admission_stats(),
         }
+
+    def _admission_stats(self) -> dict[str, Any]:
+        """The wait bound and what a full batch adds to a wait now (and from where)."""
+        admission = self.engine.admission
+        if admission is None or admission.max_wait_s is None:
+            return {}
+        full, each_s, basis = admission.batch_share(self.engine.replicas)
+        return {"admission": {"max_queue_wait_s": admission.max_wait_s, "full_batch_cost": full,
+                              "batch_share_ms": each_s * 1e3, "basis": basis}}
 
     # -- the pump: the only place batches are formed ---------------------------------------
     def _free_slots(self) -> int:

@@ -92,6 +92,16 @@ class DynamicPolicy(BaseModel):
     one that can no longer make it, instead of letting it wait out its timeout
     (`batching.dynamic.admission`). Levels with `timeout_action=delay` are exempt. False:
     such requests wait until their deadline passes (DeadlineExceeded, HTTP 504)."""
+    max_queue_wait_s: float | None = Field(default=None, gt=0)
+    """Refuse at once (Overloaded: HTTP 429, Retry-After from the prediction) a request whose
+    predicted wait exceeds this many seconds, or its own deadline if sooner: the work in
+    flight and queued ahead of it, in full batches, each taking a replica's share of a
+    batch's time (measured; before that, the latency model's, which a deployment seeds
+    with the replicas' warm-up batches; with no batch timed, 0.1 s). A burst the
+    replicas can serve inside it is accepted whatever its size; a queued request that
+    would start past its arrival plus this (the service slowed) is shed before it runs,
+    with the same error. None: no wait bound
+    (deployments get `limits.max_queue_wait_s`, 1 s, unless this is set)."""
     preserve_ordering: bool = False
     """Release responses in the order requests arrived."""
     adaptive_delay: bool = False

@@ -76,6 +76,7 @@ class _Sim:
     def __init__(self, cfg: _Config, policy: DynamicPolicy, seed: int) -> None:
         self.cfg = cfg
         self.batcher = DynamicBatcher(policy)
+        self.batcher.replicas = cfg.replicas  # admission's wait is shared among them
         self.ledger = Ledger(preserve_ordering=policy.preserve_ordering)
         # Separate streams, so that jitter or item sizes do not move the arrivals.
         arrival_rng, self.latency_rng, self.items_rng = (

@@ -37,7 +37,7 @@ def drainer_config(delay_ms: float):
             "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
             "batching": {"max_batch_size": 8},
             "replicas": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 0.05},
-            "limits": {"queue_batches": 64},  # 512 requests may wait
+            "limits": {"queue_batches": 64, "max_queue_wait_s": None},  # 512 may wait
             "batcher": {"placement": "actor"},  # the batching actor's drain is under test
         }],
     })

@@ -58,7 +58,8 @@ def faults_config():
                    batching={"max_batch_size": 8}),
             _model("hang", "tests.models:HangOnNegative", batching={"max_batch_size": 1},
                    replicas={"batch_timeout_s": HANG_TIMEOUT_S},
-                   limits={"queue_batches": 128},  # the 60 requests around it all wait
+                   # the 60 requests around it all wait (by count: it hangs on purpose)
+                   limits={"queue_batches": 128, "max_queue_wait_s": None},
                    warmup={"enabled": False}),
             _model("partial", "tests.models:FailNegative",
                    batching={"max_batch_size": 16, "max_queue_delay_s": 0.005},

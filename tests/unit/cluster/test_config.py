@@ -103,7 +103,9 @@ def test_every_queue_is_bounded_by_default_from_batch_size_and_replicas():
                          "priority_queue_policy": {1: {"max_queue_size": 5}}},
                replicas={"max_replicas": 3})
     p = m.bounded().batching
-    assert p.default_queue_policy.max_queue_size == 8 * 32 * 3
+    # admitted by time (limits.max_queue_wait_s, 1 s): the count bound is a memory guard
+    assert p.max_queue_wait_s == 1.0
+    assert p.default_queue_policy.max_queue_size == 64 * 32 * 3
     assert p.priority_queue_policy[1].max_queue_size == 5  # one set by hand is kept
     assert m.batching.default_queue_policy.max_queue_size is None  # the original: untouched
     assert m.max_request_items == 16 * 32
@@ -111,11 +113,29 @@ def test_every_queue_is_bounded_by_default_from_batch_size_and_replicas():
 
 def test_the_default_bound_follows_queue_batches_and_can_be_turned_off():
     m = _model(batching={"max_batch_size": 4}, limits={"queue_batches": 2,
+                                                       "max_queue_wait_s": None,
                                                        "max_request_items": 9})
     assert m.bounded().batching.default_queue_policy.max_queue_size == 2 * 4 * 1
+    assert m.bounded().batching.max_queue_wait_s is None  # admission by count
     assert m.max_request_items == 9
-    off = _model(limits={"queue_batches": None})
+    off = _model(limits={"queue_batches": None, "max_queue_wait_s": None})
     assert off.bounded().batching.default_queue_policy.max_queue_size is None
+
+
+def test_the_wait_bound_is_written_into_the_policy_unless_it_sets_its_own():
+    m = _model(batching={"max_batch_size": 4}, limits={"max_queue_wait_s": 0.25,
+                                                       "guard_batches": 3})
+    p = m.bounded().batching
+    assert p.max_queue_wait_s == 0.25 and p.default_queue_policy.max_queue_size == 3 * 4
+    own = _model(batching={"max_batch_size": 4, "max_queue_wait_s": 2.0})
+    assert own.bounded().batching.max_queue_wait_s == 2.0
+    # set in the policy alone (limits.max_queue_wait_s: null): still admitted by time
+    alone = _model(batching={"max_batch_size": 4, "max_queue_wait_s": 2.0},
+                   limits={"max_queue_wait_s": None, "guard_batches": None})
+    assert alone.bounded().batching.default_queue_policy.max_queue_size is None
+    assert m.bounded().bounded() == m.bounded()  # applied twice: the same
+    with pytest.raises(ValidationError, match="max_queue_wait_s"):
+        _model(limits={"max_queue_wait_s": 0})
 
 
 def test_stateful_and_generative_models_are_bounded_in_their_own_units():

@@ -38,7 +38,9 @@ def test_each_batching_shard_bounds_its_queue_by_its_share_of_the_replicas():
     cfg = config(replicas={"min_replicas": 1, "max_replicas": 4}, batcher={"shards": 2})
     shard = shard_config(cfg)
     assert shard.replicas.max_replicas == 2
-    assert shard.batching.default_queue_policy.max_queue_size == 8 * 4 * 2
+    # the count guard of a model admitted by time (limits.guard_batches), per shard
+    assert shard.batching.default_queue_policy.max_queue_size == 64 * 4 * 2
+    assert shard.batching.max_queue_wait_s == 1.0
 
 
 def multi_config() -> ModelConfig:

@@ -39,6 +39,9 @@ def test_warm_up_runs_one_then_the_preferred_sizes_with_synthesized_inputs():
     model = Recorder()
     report = warm_up(config(warmup={"count": 2, "dims": {"ids": [7]}}), model)
     assert report["batch_sizes"] == [1, 4, 16] and report["warmup_s"] >= 0
+    # each batch timed: the engine's first admission predictions come from these
+    assert [size for size, _ in report["warmup_batches"]] == [1, 1, 4, 4, 16, 16]  # count 2
+    assert all(s >= 0 for _, s in report["warmup_batches"])
     assert [len(b["ids"]) for b in model.seen] == [1, 1, 4, 4, 16, 16]
     assert model.seen[0]["ids"].shape == (1, 7) and model.seen[0]["ids"].dtype == np.int64
     assert model.seen[0]["text"].tolist() == [b"0"]  # a string numeric models parse too

@@ -1,0 +1,292 @@
+"""Admission by predicted wait (`max_queue_wait_s`, `batching.dynamic.admission`): a burst
+the replicas can serve inside the bound is accepted whatever its size, past it requests
+are refused with Overloaded and a Retry-After from the prediction; a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batching import (
+    DynamicBatcher,
+    DynamicPolicy,
+    Overloaded,
+    QueueFull,
+    QueuePolicy,
+    Request,
+    TimeoutAction,
+)
+from batching.dynamic.admission import COLD_BATCH_S
+from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
+
+
+def req(rid, n=1, timeout_s=None, priority=None) -> Request:
+    return Request(rid, tuple(range(n)), timeout_s=timeout_s, priority=priority)
+
+
+def engine(batch: int = 4, wait_s: float | None = 1.0, **policy) -> DynamicBatcher:
+    return DynamicBatcher(DynamicPolicy(max_batch_size=batch, max_queue_wait_s=wait_s,
+                                        **policy))
+
+
+def measured(q: DynamicBatcher, batch_s: float) -> float:
+    """Two full batches back to back on one replica from t=0 (a full batch then adds
+    `batch_s` to a wait); returns when they ended, with nothing queued or in flight."""
+    size = q.policy.max_batch_size
+    for i in range(2 * size):
+        q.submit(req(("w", i)), now=0.0)
+    a = q.next_batch(0.0, free_replicas=2)
+    b = q.next_batch(0.0, free_replicas=1)
+    assert a.num_items == b.num_items == size
+    q.complete(a.id, batch_s, compute_s=batch_s)
+    q.complete(b.id, 2 * batch_s, compute_s=batch_s)
+    return 2 * batch_s
+
+
+def fill(q: DynamicBatcher, n: int, now: float, **kw) -> int:
+    """Submit `n` single-item requests; how many were accepted before the first refusal."""
+    for i in range(n):
+        try:
+            q.submit(req(("b", q.queued_requests, now, i), **kw), now=now)
+        except Overloaded:
+            return i
+    return n
+
+
+def test_a_burst_the_replicas_serve_inside_the_bound_is_accepted_whatever_its_size():
+    q = engine(batch=64)
+    t = measured(q, batch_s=1 / 64)  # 64 batches of 64 a second: 4096 items
+    assert fill(q, 4096, t) == 4096  # the last one waits for 63 batches: 0.98 s
+    assert q.queued_requests == 4096
+    # with no wait bound the count bound alone holds: far fewer in the same burst
+    counted = DynamicBatcher(DynamicPolicy(max_batch_size=64, default_queue_policy=QueuePolicy(
+        max_queue_size=512)))
+    with pytest.raises(QueueFull):
+        fill(counted, 4096, 0.0)
+
+
+def test_past_the_bound_it_refuses_with_a_retry_after_from_the_prediction():
+    q = engine()
+    t = measured(q, batch_s=0.5)  # a full batch of 4 every 0.5 s
+    assert fill(q, 12, t) == 12  # the 12th waits for 2 batches: 1.0 s, the bound
+    with pytest.raises(Overloaded, match=r"wait about 1\.50 s \(3 batches ahead .* 500\.0 ms "
+                                         r"each .* measured\), past the bound of 1\.00 s") as e:
+        q.submit(req("late"), now=t)
+    assert e.value.retry_after_s == pytest.approx(0.5)
+    assert "late" not in q._queued and q.queued_requests == 12  # nothing kept
+    # in flight counts as ahead: two batches leave, one still queued; still 1.5 s
+    a = q.next_batch(t, free_replicas=2)
+    q.next_batch(t, free_replicas=1)
+    with pytest.raises(Overloaded):
+        q.submit(req("late"), now=t)
+    # once one batch is back (the retry-after), the last batch leaves and it fits: 1.0 s
+    q.complete(a.id, t + 0.5, compute_s=0.5)
+    assert q.next_batch(t + 0.5, free_replicas=1).num_items == 4
+    q.submit(req("late"), now=t + 0.5)
+
+
+def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
+    q = engine()
+    t = measured(q, batch_s=0.5)
+    assert fill(q, 12, t) == 12  # the last 4 start in 1.0 s at 0.5 s a batch
+    a = q.next_batch(t, free_replicas=2)
+    q.next_batch(t, free_replicas=1)
+    # the first batch took 2 s: a full batch now adds 0.8 s (weighted in), so the 4
+    # queued would start at t + 2.8 s, past t + 1 s and a batch: shed before they run
+    q.complete(a.id, t + 2.0, compute_s=2.0)
+    assert q.next_batch(t + 2.0, free_replicas=1) is None
+    shed = q.take_failures()
+    assert sorted(f.request_id[-1] for f in shed) == [8, 9, 10, 11]
+    assert all(isinstance(f.error, Overloaded) and "slowed" in str(f.error) for f in shed)
+    assert q.queued_requests == 0
+
+
+def test_a_deadline_sooner_than_the_bound_is_the_bound():
+    q = engine(deadline_admission=False)  # the wait bound alone
+    t = measured(q, batch_s=0.5)
+    fill(q, 4, t)
+    q.next_batch(t, free_replicas=1)  # one batch in flight: a wait of 0.5 s
+    with pytest.raises(Overloaded, match=r"past its timeout \(0\.25 s left\)") as e:
+        q.submit(req("hurried", timeout_s=0.25), now=t)
+    assert e.value.retry_after_s == pytest.approx(0.25)
+    q.submit(req("patient", timeout_s=0.75), now=t)
+    # earliest deadline first: what it goes before is not ahead of it
+    fill(q, 8, t)  # two full batches queued behind "patient": 1.5 s
+    q.submit(req("soon", timeout_s=0.625), now=t)  # it goes first: in flight only, 0.5 s
+    assert q.next_batch(t, free_replicas=1).ids[:2] == ["soon", "patient"]
+
+
+def test_before_any_batch_was_timed_a_batch_is_assumed_to_take_cold_batch_s():
+    q = engine()
+    per_bound = int(1.0 / COLD_BATCH_S)  # full batches that fit in the bound
+    admitted = fill(q, 1000, 0.0)
+    assert admitted == (per_bound + 1) * 4  # it joins the batch not yet full
+    with pytest.raises(Overloaded, match="assumed before any batch was timed") as e:
+        q.submit(req("next"), now=0.0)
+    assert e.value.retry_after_s == pytest.approx(COLD_BATCH_S)
+    two = engine()
+    two.replicas = 2  # the wait is shared between two replicas
+    assert fill(two, 1000, 0.0) == (2 * per_bound + 1) * 4
+
+
+def test_with_a_timed_batch_but_no_measured_rate_the_latency_model_predicts():
+    q = engine()
+    q.submit(req("one"), now=0.0)
+    b = q.next_batch(0.0, free_replicas=1)  # idle_dispatch off: the delay is 0, so it leaves
+    q.complete(b.id, 0.25, compute_s=0.25)  # one item: not a full batch, so no rate
+    assert fill(q, 1000, 0.25) == 5 * 4  # 0.25 s a batch: 4 full batches ahead fit
+    with pytest.raises(Overloaded, match="predicted"):
+        q.submit(req("next"), now=0.25)
+
+
+def test_a_higher_level_is_not_refused_for_a_lower_levels_queue():
+    q = engine(priority_levels=2)
+    t = measured(q, batch_s=0.5)
+    assert fill(q, 100, t, priority=2) == 12
+    assert fill(q, 100, t, priority=1) == 12  # level 1 goes first: the 12 low ones wait
+
+
+def test_levels_that_run_late_requests_keep_the_bound_not_their_deadline():
+    q = engine(deadline_admission=False, default_queue_policy=QueuePolicy(
+        timeout_action=TimeoutAction.DELAY))
+    t = measured(q, batch_s=0.5)
+    assert fill(q, 100, t, timeout_s=0.125) == 12
+
+
+def test_off_only_the_count_bound_holds():
+    q = engine(wait_s=None, deadline_admission=False)
+    assert fill(q, 5000, 0.0) == 5000
+
+
+def test_a_host_slow_to_send_what_is_queued_is_measured_as_the_slower_service_it_is():
+    """A replica that computes a batch in 0.1 s, behind a host (an event loop busy with
+    other work) that sends the next full batch only 0.4 s after the last came back: the
+    time between the two counts, or admission would predict waits 5x too short."""
+    q = engine()
+    for i in range(8):
+        q.submit(req(i), now=0.0)
+    a = q.next_batch(0.0, free_replicas=1)
+    q.complete(a.id, 0.1, compute_s=0.1)  # 4 per 0.1 s; a full batch still queued
+    b = q.next_batch(0.5, free_replicas=1)  # nothing in flight: sent late by the host
+    q.complete(b.id, 0.6, compute_s=0.1)  # 4 per 0.5 s since the last came back
+    assert q.admission.rate.per_s == pytest.approx(1 / (0.025 + 0.2 * (0.125 - 0.025)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 16), batch_s=st.sampled_from([1 / 64, 1 / 8, 1 / 4, 1 / 2]),
+       bound_s=st.sampled_from([0.25, 0.5, 1.0, 2.0]), levels=st.integers(1, 3),
+       inflight=st.integers(0, 2))
+def test_property_a_burst_is_accepted_exactly_as_far_as_the_bound_reaches(
+        size, batch_s, bound_s, levels, inflight):
+    """Into a queue with `inflight` batches running and a measured rate: the requests of a
+    burst at any level are accepted while the full batches ahead of them fit in the
+    bound (each of its level's own), the first one past it is refused, nothing is kept of
+    it, and the other levels are not touched."""
+    q = engine(batch=size, wait_s=bound_s, priority_levels=levels)
+    t = measured(q, batch_s)
+    fill(q, inflight * size, t, priority=1)
+    for _ in range(inflight):
+        q.next_batch(t, free_replicas=1)
+    fits = math.floor(bound_s / batch_s) - inflight  # full batches queued ahead that fit
+    expected = max(fits + 1, 0) * size
+    for level in range(levels, 0, -1):  # the lowest first: a higher one is not behind it
+        assert fill(q, 10 * expected + 1, t, priority=level) == expected
+    assert q.queued_requests == levels * expected
+
+
+# -- through the host: an open-loop overload at 10x what the replica can do ----------------
+RATE_PER_S, BATCH, BATCH_S, BOUND_S, SECONDS = 80, 4, 0.5, 1.0, 6
+
+
+async def overload() -> tuple[list[tuple[float, float]], dict[str, int], list[float]]:
+    """A request every 1/80 s for 6 s, no deadlines, one replica running 4 per 0.5 s:
+    (submitted at, latency) of the accepted ones, the errors, and the Retry-After hints."""
+    clock, replica = Clock(), FakeReplica("r")
+    host, _ = make_host(replica, max_batch_size=BATCH, clock=clock, max_queue_wait_s=BOUND_S)
+    # two full batches first, so that the rate is measured before the overload starts
+    # (before any batch is timed, one is assumed to take 0.1 s, and this replica takes 0.5)
+    warm = [host.submit(Request(("w", i), (i,), single=True)) for i in range(2 * BATCH)]
+    await spin()
+    for _ in range(2):
+        clock.now += BATCH_S
+        replica.finish(compute_s=BATCH_S)
+        await spin()
+    assert all(f.done() for f in warm)
+    start = clock.now
+    sent: dict[int, tuple[float, asyncio.Future]] = {}
+    ended: dict[int, float] = {}
+    errors: dict[str, int] = {}
+    hints: list[float] = []
+    steps_per_batch = int(BATCH_S * RATE_PER_S)
+    step = 0
+    while step < SECONDS * RATE_PER_S or host.open_requests:
+        clock.now = start + step / RATE_PER_S
+        if step < SECONDS * RATE_PER_S:
+            try:
+                fut = host.submit(Request(step, (step,), single=True))
+                sent[step] = clock.now, fut
+                fut.add_done_callback(lambda f, k=step: ended.setdefault(k, clock.now))
+            except Overloaded as e:
+                errors["Overloaded"] = errors.get("Overloaded", 0) + 1
+                hints.append(e.retry_after_s)
+        if step % steps_per_batch == steps_per_batch - 1 and replica.pending():
+            replica.finish(compute_s=BATCH_S)  # the oldest batch ran the last 0.5 s
+        await spin()
+        step += 1
+    done = []
+    for k, (t, fut) in sent.items():
+        assert fut.done(), k
+        if fut.exception() is not None:  # shed: its prediction was too short
+            assert isinstance(fut.exception(), Overloaded), fut.exception()
+            errors["shed"] = errors.get("shed", 0) + 1
+            continue
+        assert fut.result() == f"r:{k * k}"
+        done.append((t, ended[k] - t))
+    return done, errors, hints
+
+
+def test_at_ten_times_capacity_accepted_requests_wait_at_most_the_bound():
+    done, errors, hints = run(overload())
+    assert set(errors) <= {"Overloaded", "shed"}, errors
+    assert errors["Overloaded"] > 0.5 * SECONDS * RATE_PER_S
+    # a few accepted while half-empty batches were in flight (counted by their cost, so
+    # the next batches fill up) waited longer than predicted: shed before they ran
+    assert errors.get("shed", 0) <= 0.2 * len(done), (errors, len(done))
+    # every request served waited at most the bound: its latency is at most the bound
+    # and its own batch
+    latencies = [latency for _, latency in done]
+    assert max(latencies) <= BOUND_S + BATCH_S, sorted(latencies)[-5:]
+    assert all(0 < h <= BATCH_S + 1e-9 for h in hints)  # the next batch back lets it in
+    # the replica was kept busy: at least 80% of its 8/s
+    assert len(done) >= 0.8 * SECONDS * BATCH / BATCH_S, (len(done), errors)
+
+
+def test_the_host_tells_the_engine_how_many_replicas_share_the_wait():
+    async def main():
+        host, _ = make_host(FakeReplica("a"), FakeReplica("b"), max_batch_size=4,
+                            max_queue_wait_s=1.0)
+        assert host.engine.replicas == 2
+        assert host.stats()["admission"] == {  # what `raybatch status` and the bench show
+            "max_queue_wait_s": 1.0, "full_batch_cost": 4.0,
+            "batch_share_ms": pytest.approx(COLD_BATCH_S * 1e3 / 2),
+            "basis": "assumed before any batch was timed"}
+        host.remove_replica(host.replicas[0])
+        assert host.engine.replicas == 1
+
+    run(main())
+
+
+def test_a_replicas_warm_up_batches_seed_the_prediction_before_any_batch_is_timed():
+    async def main():
+        host, _ = make_host(FakeReplica("a"), max_batch_size=4, max_queue_wait_s=1.0)
+        host.seed_latency([(1, 0.25)])  # one warm-up batch of 1 item took 0.25 s
+        assert host.stats()["admission"]["basis"] == "predicted"
+        assert host.stats()["admission"]["batch_share_ms"] == pytest.approx(250.0)
+        host.seed_latency([(1, 5.0)])  # a later replica's does not replace what is known
+        assert host.stats()["admission"]["batch_share_ms"] == pytest.approx(250.0)
+
+    run(main())
