@@ -36,7 +36,7 @@ import numpy as np
 from benchmarks.peers import install
 from benchmarks.peers.measure import WrongAnswer, check_answer, run_wrk, timed_window
 from benchmarks.peers.report import render, targets, with_ratios
-from benchmarks.peers.systems import PORT_OFFSET, STARTERS, SYSTEMS, Server, log_tail, stop
+from benchmarks.peers.systems import PORT_OFFSET, SYSTEMS, Server, log_tail, starters, stop
 
 LOCK = "/tmp/raybatch-ray.lock"
 WARMUP_S = 2.0
@@ -111,7 +111,7 @@ def measure_server(server: Server, expected: np.ndarray, duration_s: float,
 def run_system(name: str, x: np.ndarray, expected: np.ndarray, peers: install.PeerEnv,
                args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for i, starter in enumerate(STARTERS[name]):
+    for i, starter in enumerate(starters(tuple(args.triton_arg))[name]):
         with machine_lock():
             t0 = time.monotonic()
             try:
@@ -145,6 +145,10 @@ def machine() -> dict[str, Any]:
             "kernel": platform.release()}
 
 
+def loads(avg: Any) -> str:
+    return " / ".join(f"{v:.2f}" for v in avg)
+
+
 def write_results(folder: Path, results: dict[str, Any], table: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=2))
@@ -153,7 +157,8 @@ def write_results(folder: Path, results: dict[str, Any], table: str) -> None:
         "# Raybatch beside Triton, mosec, `@serve.batch` and LitServe\n\n"
         f"Date: {results['date']}. Machine: {m['nproc']} CPUs ({m['cpu_model']}), Python "
         f"{m['python']}, kernel {m['kernel']}; load average (1, 5, 15 min) "
-        f"{results['loadavg_start']} at the start, {results['loadavg_end']} at the end "
+        f"{loads(results['loadavg_start'])} at the start, {loads(results['loadavg_end'])} at the "
+        "end, and per timed run in the table's load column "
         "(the machine is shared: other sessions' work counts in it).\n\n"
         f"Command: `{results['command']}`\n\n"
         "Model: mlp 256→1024→256 (Raybatch's demo `MLP`, seed 0, rebuilt with the same "
@@ -181,6 +186,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--results", type=Path, metavar="DIR",
                     help="write README.md (machine, command, table) and results.json here")
     ap.add_argument("--port", type=int, default=18300, help="first of the ports used")
+    ap.add_argument("--triton-arg", action="append", default=[], metavar="OPT",
+                    help="one more tritonserver option, e.g. --triton-arg=--http-thread-count=4 "
+                         "(repeatable)")
     ap.add_argument("--keep-logs", action="store_true", help="print each server's log tail")
     return ap.parse_args(argv)
 
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     results["targets"] = targets(results["rows"])
     table = render(results["rows"])
     print(table)
-    print(f"\nload average {results['loadavg_start']} -> {results['loadavg_end']} on "
+    print(f"\nload average {loads(results['loadavg_start'])} -> {loads(results['loadavg_end'])} on "
           f"{results['machine']['nproc']} CPUs ({results['machine']['cpu_model']})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

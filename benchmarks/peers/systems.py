@@ -157,16 +157,16 @@ def wait_ready(server: Server, timeout_s: float) -> None:
 
 
 def stop(server: Server, grace_s: float = 40.0) -> None:
-    """SIGTERM the server's process group, then SIGKILL what is left of its processes."""
+    """SIGTERM the server's root process, then SIGKILL what is left of its processes."""
     proc = server.proc
     if server.extra.get("quit") and proc.poll() is None:
         try:
             server.extra["quit"]()
         except OSError:
             pass
-    if proc.poll() is None:
+    if proc.poll() is None:  # the root alone: it stops its own children (Ray: serve.delete)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
@@ -250,11 +250,12 @@ def triton_repository(tmp: Path) -> Path:
     return repo
 
 
-def start_triton(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv) -> Server:
+def start_triton(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
+                 extra_args: tuple[str, ...] = ()) -> Server:
     argv = [str(peers.tritonserver), f"--model-repository={triton_repository(tmp)}",
             f"--backend-directory={peers.triton_backends}", "--http-address=127.0.0.1",
             f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false",
-            "--log-verbose=0", "--log-info=false"]
+            "--log-verbose=0", "--log-info=false", *extra_args]
     log = tmp / "triton.log"
     base = f"http://127.0.0.1:{port}"
     proc = spawn(argv, log, env=peers.triton_env())
@@ -343,12 +344,20 @@ def start_serve_batch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv) -> Se
                   extra={"quit": quit_})
 
 
-STARTERS: dict[str, list[Callable[[np.ndarray, int, Path, PeerEnv], Server]]] = {
-    "raybatch": [start_raybatch],
-    "triton": [start_triton],
-    "mosec": [lambda x, p, t, e: start_mosec(x, p, t, e, True),
-              lambda x, p, t, e: start_mosec(x, p + 1, t, e, False)],
-    "serve.batch": [start_serve_batch],
-    "litserve": [start_litserve],
-}
+Starter = Callable[[np.ndarray, int, Path, PeerEnv], Server]
+
+
+def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
+    """system -> its servers' start functions, in order (mosec: msgpack, then orjson).
+    `triton_args`: more `tritonserver` options (e.g. `--http-thread-count=4`)."""
+    return {
+        "raybatch": [start_raybatch],
+        "triton": [lambda x, p, t, e: start_triton(x, p, t, e, triton_args)],
+        "mosec": [lambda x, p, t, e: start_mosec(x, p, t, e, True),
+                  lambda x, p, t, e: start_mosec(x, p + 1, t, e, False)],
+        "serve.batch": [start_serve_batch],
+        "litserve": [start_litserve],
+    }
+
+
 PORT_OFFSET = {"raybatch": 0, "triton": 10, "mosec": 20, "litserve": 30, "serve.batch": 100}
