@@ -72,9 +72,11 @@ def proc_table() -> dict[int, Proc]:
     return out
 
 
-def server_pids(procs: Mapping[int, Proc], root: int) -> set[int]:
-    """`root`, every process in its session, and every descendant of any of them."""
-    sid = procs[root].sid if root in procs else None
+def server_pids(procs: Mapping[int, Proc], root: int, sid: int | None = None) -> set[int]:
+    """`root`, every process in its session (`sid`, else root's), and every descendant of
+    any of them: also the root's children left behind when it has exited."""
+    if sid is None:
+        sid = procs[root].sid if root in procs else None
     members = {pid for pid, p in procs.items() if pid == root or (sid and p.sid == sid)}
     children: dict[int, list[int]] = {}
     for pid, p in procs.items():

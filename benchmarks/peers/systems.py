@@ -158,14 +158,17 @@ def wait_ready(server: Server, timeout_s: float) -> None:
 
 
 def stop(server: Server, grace_s: float = 40.0) -> None:
-    """SIGTERM the server's root process, then SIGKILL what is left of its processes."""
+    """SIGTERM the server's root process (it stops its own children: Ray's `serve.delete`,
+    mosec's and LitServe's workers), then SIGKILL whatever of its processes is left, the
+    root's orphans included (the session is the root's pid: `start_new_session`)."""
     proc = server.proc
+    members = server_pids(proc_table(), proc.pid, sid=proc.pid)
     if server.extra.get("quit") and proc.poll() is None:
         try:
             server.extra["quit"]()
-        except OSError:
+        except (OSError, subprocess.TimeoutExpired):
             pass
-    if proc.poll() is None:  # the root alone: it stops its own children (Ray: serve.delete)
+    if proc.poll() is None:
         try:
             os.kill(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -174,12 +177,20 @@ def stop(server: Server, grace_s: float = 40.0) -> None:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    procs = proc_table()
-    for pid in server_pids(procs, proc.pid) if proc.pid in procs else set():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    give_up = time.monotonic() + 10
+    while True:
+        proc.poll()  # reap the root, if it has ended, so it is not seen as left
+        procs = proc_table()
+        left = (server_pids(procs, proc.pid, sid=proc.pid) | (members & procs.keys())) - {
+            os.getpid()}
+        if not left or time.monotonic() > give_up:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

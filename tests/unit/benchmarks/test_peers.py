@@ -47,6 +47,12 @@ def test_the_server_is_its_session_and_every_descendant_and_nothing_else():
     assert server_cpu_s(procs, 100) == pytest.approx(5.0)
 
 
+def test_a_root_that_exited_still_names_the_children_it_left_in_its_session():
+    procs = {301: Proc(1, 300, 1.0), 302: Proc(301, 300, 1.0), 400: Proc(1, 400, 1.0)}
+    assert server_pids(procs, 300) == set()  # the root's session is not known from itself
+    assert server_pids(procs, 300, sid=300) == {301, 302}
+
+
 def test_cpu_per_request_counts_growth_newborns_and_not_a_reused_pid_twice():
     before = {10: Proc(1, 10, 1.0), 11: Proc(10, 10, 2.0), 12: Proc(10, 10, 9.0),
               99: Proc(1, 99, 0.0)}
