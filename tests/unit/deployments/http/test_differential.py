@@ -1,6 +1,6 @@
 """Differential fuzzing of the own HTTP server's framing against h11 (the reference).
 
-Hypothesis (derandomized: the same streams every run) builds byte streams of one to
+Hypothesis (a fixed seed: the same streams every run) builds byte streams of one to
 four requests from parts that servers disagree on: versions, targets, Host, Content-
 Length and Transfer-Encoding values, chunk sizes and extensions, trailers, obs-fold and
 bare LF, control bytes, connection options, bodies too short or too long, and random
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 
 import h11
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.unit.deployments.http.wire import ServerThread, exchange
@@ -119,15 +120,22 @@ def stream(draw) -> bytes:
 def h11_frames(data: bytes) -> list[tuple[str, str, int, str]]:
     """What h11, as a server, frames of `data`: (method, target, body length, sha1).
 
-    CR and LF before a request line are dropped first, as llhttp does (RFC 9112 2.2 asks a
-    server to ignore at least one empty line there; h11 ignores none): so each request is
-    read by a fresh h11 connection from the bytes the last one left."""
+    Two leniencies of llhttp that RFC 9112 allows a server are applied first, so each
+    request is read by a fresh h11 connection from the bytes the last one left: CR and LF
+    before a request line are dropped (2.2 asks a server to ignore at least one empty line
+    there; h11 ignores none), and runs of spaces between the request line's parts count as
+    one (3: a recipient may split the line on whitespace; h11 wants one space). An HTTP/1.0
+    request with `Connection: keep-alive` keeps the connection, as the server allows and
+    h11 does not."""
     out: list[tuple[str, str, int, str]] = []
     rest = data
     while True:
         rest = rest.lstrip(b"\r\n")
         if not rest:
             return out
+        end = rest.find(b"\n")
+        line, tail = (rest, b"") if end < 0 else (rest[:end], rest[end:])
+        rest = re.sub(rb"(?<=\S) {2,}(?=\S)", b" ", line) + tail
         conn = h11.Connection(h11.SERVER)
         conn.receive_data(rest)
         conn.receive_data(b"")
@@ -139,11 +147,14 @@ def h11_frames(data: bytes) -> list[tuple[str, str, int, str]]:
                 return out
             if isinstance(event, h11.Request):
                 current, body = (event.method.decode(), _normal(event.target)), b""
+                # HTTP/1.0 keep-alive, which the server serves and h11 does not
+                kept_10 = event.http_version == b"1.0" and any(
+                    n == b"connection" and b"keep-alive" in v.lower() for n, v in event.headers)
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 out.append((*current, len(body), hashlib.sha1(body).hexdigest()))
-                if conn.their_state is h11.MUST_CLOSE:
+                if conn.their_state is h11.MUST_CLOSE and not kept_10:
                     return out  # the request asked to close: nothing after it is read
                 rest = conn.trailing_data[0]
                 break
@@ -179,9 +190,15 @@ def test_the_reference_frames_what_it_should():
     assert [f[:2] for f in h11_frames(close)] == [("GET", "/a")]
     blank = b"\r\rGET /a HTTP/1.1\r\nhost: h\r\n\r\n\r\nGET /b HTTP/1.1\r\nhost: h\r\n\r\n"
     assert [f[:2] for f in h11_frames(blank)] == [("GET", "/a"), ("GET", "/b")]
+    kept = b"GET /a HTTP/1.0\r\nconnection: keep-alive\r\n\r\n" \
+           b"GET /b HTTP/1.0\r\n\r\nGET /c HTTP/1.0\r\n\r\n"
+    assert [f[:2] for f in h11_frames(kept)] == [("GET", "/a"), ("GET", "/b")]
+    spaced = b"DELETE  /x?y HTTP/1.1\r\nhost: h\r\n\r\n"
+    assert [f[:2] for f in h11_frames(spaced)] == [("DELETE", "/x?y")]
 
 
-@settings(max_examples=STREAMS, derandomize=True, deadline=None, database=None,
+@seed(20_261_126)  # the same streams every run, whatever else in this file changes
+@settings(max_examples=STREAMS, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(data=stream())
 def test_the_server_frames_as_h11_does_or_is_stricter(echo_server, data):
