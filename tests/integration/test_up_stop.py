@@ -184,17 +184,19 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
     os.kill(first.proc.pid, signal.SIGKILL)  # as the OOM killer does: the up only
     first.proc.wait()
     time.sleep(2)
-    assert left_behind(), "Serve's HAProxy (at least) outlives a killed up"
+    # Serve's HAProxy and Ray's agents usually outlive a killed up, holding its ports;
+    # sometimes they go down with it. Either way the next up must serve.
+    leftovers = left_behind()
 
     second = start(world)
     second.wait_for(READY)
-    assert "ended what a previous `raybatch up` left behind" in second.text()
+    if leftovers:
+        assert "ended what a previous `raybatch up` left behind" in second.text(), leftovers
     second.answers()
 
     os.kill(second.proc.pid, signal.SIGKILL)
     second.proc.wait()
     time.sleep(2)
-    assert left_behind()
     env, _, _ = world
     down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
