@@ -10,8 +10,10 @@ the engine). The servers alternate, `--rounds` times.
     .peers/venv/bin/pip install granian==2.8.7 uvloop   # granian stays out of the project
     python -m benchmarks.http.server_choice --granian-python .peers/venv/bin/python
 
-Measured 2026-11-26 on the 2-core machine (load 1–1.8): own server 14.0–14.6 µs a
-request (67–71k req/s), granian 2.8.7 (RSGI, hyper) 22.3–23.5 µs (51–56k req/s).
+Measured 2026-11-26 on the 2-core machine: before the server's hardening (load 1–1.8),
+own 14.0–14.6 µs a request (67–71k req/s), granian 2.8.7 (RSGI, hyper) 22.3–23.5 µs
+(51–56k req/s); with it (load 0.8–0.9), own 16.2–18.2 µs (55–61k req/s), granian
+23.2–24.9 µs (48–50k req/s).
 """
 
 from __future__ import annotations
