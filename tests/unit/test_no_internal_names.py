@@ -15,7 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_DIRS = {".git", ".venv", "venv", "site", "__pycache__", ".pytest_cache", ".ruff_cache",
-             ".hypothesis", ".ipynb_checkpoints", "node_modules", "build", "dist"}
+             ".hypothesis", ".ipynb_checkpoints", "node_modules", "build", "dist",
+             ".peers", ".gpu"}  # the peers' venvs (benchmarks.peers), the GPU kit's build
 # Built from parts, so that this file does not name what it forbids.
 _WORDS = "|".join(("sess" + "ion", "iss" + "ue", "rou" + "nd"))
 INTERNAL = re.compile(rf"\b(?:{_WORDS})[ _-]?#?\d+\b|\bthe {'iss' + 'ue'}\b(?!s)|\bwip/",
