@@ -196,7 +196,7 @@ class Connection:
                         self.head_since = time.monotonic()
                     self.head_fed += len(piece)
                     if self.head_fed > self.server.max_head_bytes:
-                        self._refuse(431, "the request's head (request line and headers) is "
+                        self.refuse(431, "the request's head (request line and headers) is "
                                           f"over {self.server.max_header_bytes} bytes "
                                           "(ingress.max_header_bytes); send fewer or smaller")
                         return
@@ -216,17 +216,17 @@ class Connection:
                 self.cycles[-1].keep_alive = False
                 self.no_more = True
             else:
-                self._refuse(400, "protocol upgrades (WebSocket, h2c) are not served here")
+                self.refuse(400, "protocol upgrades (WebSocket, h2c) are not served here")
         except httptools.HttpParserError as e:
             why = e.__context__  # a callback's own exception (httptools wraps it)
             if isinstance(why, Refused):
-                self._refuse(why.status, str(why))
+                self.refuse(why.status, str(why))
             elif self.no_more:
                 pass  # bytes after a request that asked to close: dropped (RFC 9112 9.6)
             else:
                 if why is not None:
                     log.error("HTTP parser callback failed", exc_info=why)
-                self._refuse(400, f"malformed HTTP request: {e}; send HTTP/1.1")
+                self.refuse(400, f"malformed HTTP request: {e}; send HTTP/1.1")
 
     def _flow(self) -> None:
         """Read the socket only while what is read can be parsed."""
@@ -334,7 +334,7 @@ class Connection:
         """Is a request head arriving slower than `header_timeout_s` allows?"""
         return self.head_since is not None and now - self.head_since > self.server.header_timeout_s
 
-    def _refuse(self, status: int, message: str) -> None:
+    def refuse(self, status: int, message: str) -> None:
         """Input that cannot be served: nothing after it is parsed; the requests read
         whole before it are answered first, then this error, then the connection closes.
         A request cut short by it is dropped (or, if the app is reading its body, told the

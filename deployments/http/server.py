@@ -180,7 +180,7 @@ class HttpServer:
                 if now > c.lingering:
                     c.close()
             elif c.header_timeout(now):
-                c._refuse(408, f"the request's head took over {self.header_timeout_s} s "
+                c.refuse(408, f"the request's head took over {self.header_timeout_s} s "
                                "(ingress.header_timeout_s); send it at once")
             elif not c.busy and now - c.last_read > self.keep_alive_s:
                 c.close()

@@ -21,11 +21,8 @@ from batching import (
     TimeoutAction,
 )
 from batching.dynamic.admission import COLD_BATCH_S
+from tests.unit.batching.dynamic.test_admission import req
 from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
-
-
-def req(rid, n=1, timeout_s=None, priority=None) -> Request:
-    return Request(rid, tuple(range(n)), timeout_s=timeout_s, priority=priority)
 
 
 def engine(batch: int = 4, wait_s: float | None = 1.0, **policy) -> DynamicBatcher:
