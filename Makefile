@@ -43,10 +43,10 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# tests/run.sh: the unit tests beside the integration and e2e tests (two lanes, two cores),
-# then the notebooks in a pytest of their own, after the suite's: the suite's Ray and Serve
-# are gone by then, and each notebook that needs Ray starts (and stops) its own.
-# Under CI (`CI` set) they run at a small scale; RAYBATCH_NOTEBOOK_SCALE=small|full decides.
+# tests/run.sh: two lanes on two cores, the integration and e2e tests (one local Ray) beside
+# the unit tests followed by the notebooks (each notebook that needs Ray starts and stops its
+# own, on free ports). Under CI (`CI` set) the notebooks run at a small scale;
+# RAYBATCH_NOTEBOOK_SCALE=small|full decides.
 test: sysdeps lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	PY=$(BIN)/python bash tests/run.sh

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The whole suite, in two lanes on two cores: the unit tests (no Ray: CPU-bound, most of
-# them the own HTTP server's hostile and differential cases) run beside the integration
-# and e2e tests (one local Ray, mostly waiting on it), then the notebooks (each starts its
-# own Ray, so they run after the suite's Ray is gone). Every test still runs on every push.
-# RAYBATCH_TEST_LANES=1 runs them one after another instead.
+# The whole suite, in two lanes on two cores, each about half of it:
+#   lane 1: the integration and e2e tests that share the session's local Ray, then the
+#           notebooks (each that needs Ray starts and stops its own, once the session's
+#           is gone);
+#   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
+#           and differential cases), then the tests that start a Ray of their own
+#           (marker `own_ray`: `raybatch up` in a process of its own, cluster scenarios),
+#           on free ports of their own.
+# Every test still runs on every push. RAYBATCH_TEST_LANES=1 runs them one after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -11,18 +15,29 @@ if [ "${RAYBATCH_TEST_LANES:-2}" = 1 ]; then
   "$PY" -m pytest -q && "$PY" -m pytest -q --nbmake notebooks
   exit $?
 fi
-unit_log=$(mktemp)
-trap 'rm -f "$unit_log"' EXIT
+lane2_log=$(mktemp)
+trap 'rm -f "$lane2_log"' EXIT
 start=$(date +%s)
-"$PY" -m pytest -q -p no:cacheprovider tests/unit >"$unit_log" 2>&1 &
-unit=$!
-"$PY" -m pytest -q tests/integration tests/e2e
+took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
+(
+  "$PY" -m pytest -q -p no:cacheprovider tests/unit
+  unit_rc=$?
+  took "tests/unit"
+  "$PY" -m pytest -q -p no:cacheprovider -m own_ray tests/integration tests/e2e
+  own_rc=$?
+  took "the own-Ray tests"
+  [ "$unit_rc" = 0 ] && [ "$own_rc" = 0 ]
+) >"$lane2_log" 2>&1 &
+lane2=$!
+"$PY" -m pytest -q -m "not own_ray" tests/integration tests/e2e
 ray_rc=$?
-wait "$unit"
-unit_rc=$?
-echo "---- tests/unit (ran beside the above) ----"
-cat "$unit_log"
-echo "---- the suite took $(( $(date +%s) - start )) s ----"
-"$PY" -m pytest -q --nbmake notebooks
+took "the session-Ray tests"
+"$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks
 nb_rc=$?
-[ "$ray_rc" = 0 ] && [ "$unit_rc" = 0 ] && [ "$nb_rc" = 0 ]
+took "the notebooks"
+wait "$lane2"
+lane2_rc=$?
+echo "---- lane 2 (ran beside the above): tests/unit, then the own-Ray tests ----"
+cat "$lane2_log"
+echo "---- the suite took $(( $(date +%s) - start )) s ----"
+[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$lane2_rc" = 0 ]

@@ -57,6 +57,7 @@ def test_status_prints_replicas_and_batches_for_people(app):
 
 
 @pytest.mark.slow
+@pytest.mark.own_ray
 def test_up_starts_a_local_ray_deploys_and_prints_where_it_serves():
     # Its own Ray, not the session's: the embedded default of `raybatch up`.
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.integration.test_up_stop import READY, start, world  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 
 GPU_YAML = ROOT / "deployments" / "configs" / "gpu.yaml"
 WIDTH = {"mlp": 256, "minilm": 384}

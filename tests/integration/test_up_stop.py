@@ -25,7 +25,7 @@ import pytest
 from cluster.config import load_config
 from tests.conftest import CONFIGS, ROOT, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 
 CONFIG = CONFIGS / "small.yaml"
 READY = "Stop with Ctrl-C."
@@ -176,33 +176,55 @@ def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world):
     assert not left_behind()
 
 
+HOLD_PORT = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(); print("holding", flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
     from cluster.cli import runs
 
+    env, _, _ = world
     first = start(world)
     first.wait_for(READY)
+    [dead] = runs.runs()
     os.kill(first.proc.pid, signal.SIGKILL)  # as the OOM killer does: the up only
     first.proc.wait()
+    # What outlives a killed up varies (Serve's HAProxy usually, Ray's workers until they
+    # notice their raylet is gone), so the test plants one leftover that surely outlives
+    # it: a process of the dead run (its environment says so, as HAProxy's does) holding
+    # a port (not the run's own: what the dead run left may still hold those).
     time.sleep(2)
-    # Serve's HAProxy and Ray's agents usually outlive a killed up, holding its ports;
-    # sometimes they go down with it. Either way the next up must serve.
-    leftovers = left_behind()
-
-    second = start(world)
-    second.wait_for(READY)
-    if leftovers:
-        assert "ended what a previous `raybatch up` left behind" in second.text(), leftovers
-    second.answers()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_PORT, str(free_port())],
+                              env={**env, runs.RUN_ENV: dead.run_id},
+                              stdout=subprocess.PIPE, text=True)
+    # reaped as soon as it is ended, so the next up does not wait on a zombie
+    threading.Thread(target=holder.wait, daemon=True).start()
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        second = start(world)
+        second.wait_for(READY)
+        assert "ended what a previous `raybatch up` left behind" in second.text(), \
+            second.text()[-3000:]
+        assert f"pid {holder.pid}" in second.text(), second.text()[-3000:]
+        assert holder.wait(timeout=10) is not None
+        second.answers()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
 
     os.kill(second.proc.pid, signal.SIGKILL)
     second.proc.wait()
     time.sleep(2)
-    env, _, _ = world
     down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
     # what was left is ended ("ending <process>"), unless it ended on its own meanwhile
-    # (Ray's agents do once their raylet is gone): either way the run is over and nothing
+    # (Ray's workers do once their raylet is gone): either way the run is over and nothing
     # of it is left
     assert "1 run(s) ended" in down.stdout, down.stdout
     assert not left_behind() and not runs.runs()
