@@ -40,6 +40,7 @@ from cluster.config import MetricsConfig, ModelConfig
 from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
+from deployments.heap import freeze_startup_heap
 from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
@@ -106,6 +107,7 @@ class BatcherActor:
         await self.pool.start()
         log.info("batcher for %s (%s) ready with %d replicas", self.config.name, self.kind,
                  len(self.host.replicas))
+        freeze_startup_heap(f"batcher for {self.config.name}")
 
     async def ready(self) -> bool:
         await self._ensure_started()

@@ -49,6 +49,7 @@ from batching.errors import RaybatchError
 from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
+from deployments.heap import freeze_startup_heap
 from deployments.metrics import ReplicaMetrics
 from deployments.warmup import warm_up
 
@@ -100,6 +101,9 @@ class ModelReplica:
         except Exception as e:  # reported by info(): the pool fails the deploy with it
             self.error = str(e) if isinstance(e, RaybatchError) else f"{type(e).__name__}: {e}"
             log.error("%s replica-%d cannot serve: %s", self.config.name, index, self.error)
+            return
+        if not in_process:  # in the ingress's process, the ingress freezes once it is ready
+            freeze_startup_heap(f"{self.config.name} replica-{index}")
 
     def _build(self, started: float) -> None:
         target = import_object(self.config.transformer)
