@@ -43,11 +43,13 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# tests/run.sh: two lanes on two cores, the integration and e2e tests (one local Ray) beside
-# the unit tests followed by the notebooks (each notebook that needs Ray starts and stops its
-# own, on free ports). Under CI (`CI` set) the notebooks run at a small scale;
-# RAYBATCH_NOTEBOOK_SCALE=small|full decides.
-test: sysdeps lint
+# tests/run.sh: two lanes on two cores, the tests that share the session's Ray then the
+# notebooks (each that needs Ray starts its own), beside the unit tests then the tests that
+# start a Ray of their own. Under CI (`CI` set) the notebooks run at a small scale;
+# RAYBATCH_NOTEBOOK_SCALE=small|full decides. sysdeps (apt) and the venv (pip) install
+# side by side (two jobs), each target's output kept together.
+test:
+	@$(MAKE) --no-print-directory --jobs=2 --output-sync=target sysdeps lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	PY=$(BIN)/python bash tests/run.sh
 

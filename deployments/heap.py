@@ -6,8 +6,12 @@ long as the process. The cyclic collector walks every tracked object of the gene
 collects, and the oldest generation holds all of those; under load a replica allocates
 tens of thousands of small objects a second (requests, futures, arrays, closures), so
 full collections come often, and each walks the whole startup heap again. Measured on the
-ingress's quick lane in one process (`benchmarks.http.quick_path`): 67 us of CPU per
-request with the collector as it is, 43-50 us with the startup heap frozen.
+ingress's quick lane in one process (`benchmarks.http.quick_path --no-freeze`, uvloop): 71
+us of CPU per request with the collector as it is, 48 us with the startup heap frozen.
+Ray Serve does the same for its replicas (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, at the end of
+a replica's constructor), so in the ingress this only adds what was built after it (the
+HTTP app and server); the batching actor and the model replicas are plain Ray actors,
+where nothing else does it.
 
 `freeze_startup_heap` collects once (what startup left as garbage is freed, not frozen),
 then `gc.freeze()`s the rest: those objects move to a permanent generation the collector
