@@ -221,6 +221,8 @@ class Admission:
         rate, bound = self.rate, self.max_wait_s
         if not rate.known or (bound is None and not self.deadlines):
             return []
+        if self._none_due(levels, inflight_cost, now, replicas):
+            return []
         out = []
         work, ahead = inflight_cost, 0.0
         for level, queue in enumerate(levels):
@@ -245,6 +247,29 @@ class Admission:
                                                   end_s - now, rate.per_s,
                                                   entry.deadline_s - now)))
         return out
+
+
+    def _none_due(self, levels: list[LevelQueue], inflight_cost: float, now: float,
+                  replicas: int) -> bool:
+        """True when no entry can be due for shedding, known in O(levels) instead of a
+        walk of the whole queue in order (which `shed` runs at every dispatch decision):
+        even with ALL the queued work ahead of it, the entry queued longest would start
+        within its wait bound and the earliest deadline would be met. Every entry has at
+        most that work ahead, arrived no earlier and has no earlier deadline, and waits
+        and finish times only grow with the work ahead, so none would be shed. Only a
+        shortcut: when it says no, `shed` walks the queue."""
+        work = inflight_cost + sum(q.cost for q in levels)
+        bound = self.max_wait_s
+        if bound is not None:
+            oldest = min(q.oldest_arrival() for q in levels)
+            if oldest != math.inf and now + self.wait_s(work, replicas) > oldest + bound + 1e-9:
+                return False
+        if self.deadlines:
+            earliest = min((q.earliest_deadline() for i, q in enumerate(levels)
+                            if not self.exempt[i]), default=math.inf)
+            if earliest != math.inf and self._finish_s(now, work) > earliest:
+                return False
+        return True
 
 
 def _behind(entry: Entry, own: LevelQueue) -> float:

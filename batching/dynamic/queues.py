@@ -68,11 +68,23 @@ class LevelQueue:
     items: int = 0  # their items not yet dispatched
     cost: float = 0.0  # and those items' cost
     latest_deadline_s: float = -math.inf  # of every entry pushed (none is ever later)
+    arrivals: deque[Entry] = field(default_factory=deque)  # in arrival order, lazily trimmed
 
     def push(self, entry: Entry) -> None:
         heapq.heappush(self.live, (entry.deadline_s, entry.seq, entry))
+        arrivals = self.arrivals  # pushed as they come: oldest first; ended ones trimmed
+        while arrivals and arrivals[0].removed:
+            arrivals.popleft()
+        arrivals.append(entry)
         self.count += 1
         self.latest_deadline_s = max(self.latest_deadline_s, entry.deadline_s)
+
+    def oldest_arrival(self) -> float:
+        """When the longest-queued entry still here arrived (math.inf: none is)."""
+        arrivals = self.arrivals
+        while arrivals and arrivals[0].removed:
+            arrivals.popleft()
+        return arrivals[0].arrival_s if arrivals else math.inf
 
     def head(self) -> Entry | None:
         """The next entry to dispatch, skipping removed ones."""

@@ -40,7 +40,17 @@ class Echo:
         return items, 0.0
 
 
-def build_app(model: str = "mlp") -> Any:
+class Stuck:
+    """A model replica that never answers: the engine's queue only grows."""
+
+    name = "stuck-0"
+
+    async def run(self, items: Any) -> tuple[Any, float]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def build_app(model: str = "mlp", replica: Any = None) -> Any:
     from cluster.config import load_config
     from deployments.hosts import make_host
     from deployments.http import HttpLimits, OipApp
@@ -52,7 +62,7 @@ def build_app(model: str = "mlp") -> Any:
     for m in backend.by_name.values():
         engine = m.backend.engine
         engine.host = make_host(engine.config, on_replica_died=lambda c: None)
-        engine.host.add_replica(Echo())
+        engine.host.add_replica(replica or Echo())
         engine._started = asyncio.get_running_loop().create_future()
         engine._started.set_result(None)
     return OipApp(backend, HttpLimits.from_config(config.ingress))

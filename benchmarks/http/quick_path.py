@@ -1,7 +1,7 @@
 """CPU of the whole quick lane per request, in one process: bytes in, bytes out.
 
     python -m benchmarks.http.quick_path [--requests N] [--concurrency C] [--json-http]
-        [--no-freeze] [--profile OUT.prof]
+        [--items N] [--refuse] [--no-freeze] [--profile OUT.prof]
 
 What an ingress replica runs per HTTP infer request on its own server, without the
 sockets: C connections of `deployments.http.connection.Connection` on fake transports,
@@ -12,7 +12,10 @@ socket reads and writes (system time), uvloop's own C, and the model's compute. 
 figure is the Python the ingress runs per request, measured as this process's CPU time
 (other processes on the machine do not change it), and quick enough to run after each
 change. The startup heap is frozen as an ingress replica freezes it (`deployments.heap`)
-unless `--no-freeze`. Every answer's status line is checked (200).
+unless `--no-freeze`. Every answer's status line is checked (200). `--items N` sends N
+rows per request. `--refuse`: the replica never answers, so once the engine's queue holds
+`limits.max_queue_wait_s` of predicted work every request is refused (429, checked): the
+figure is then what it costs the ingress to refuse a request under overload.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.http.front_path import build_app, window_arguments
+from benchmarks.http.front_path import Stuck, build_app, window_arguments
 from benchmarks.serve.drivers import http_body
 from deployments.heap import freeze_startup_heap
 from deployments.http.connection import FIRST_SLICE, Connection
@@ -37,9 +40,9 @@ class Server:
     max_head_bytes = 2 * max_header_bytes + FIRST_SLICE + 1024
     root_path, header_timeout_s = "", 10.0
 
-    def __init__(self, quick: Any) -> None:
+    def __init__(self, app: Any) -> None:
         self._loop = asyncio.get_running_loop()
-        self.quick = quick
+        self.app, self.quick = app.direct, app.quick  # what the quick lane declines: ASGI
         self.connections: set[Connection] = set()
 
     def admit(self, conn: Connection) -> None:
@@ -49,14 +52,16 @@ class Server:
 class Window:
     """`total` requests over `c` connections, each sent when the last answer is written."""
 
-    def __init__(self, request: bytes, total: int) -> None:
+    def __init__(self, request: bytes, total: int, status: bytes = b"200") -> None:
         self.request, self.left, self.answers, self.total = request, total, 0, total
+        self.status = b"HTTP/1.1 " + status
+        self.closed = 0
         self.wrong: list[bytes] = []
         self.done = asyncio.get_running_loop().create_future()
 
     def answered(self, conn: Connection, parts: list[Any]) -> None:
         self.answers += 1
-        if bytes(parts[0][:12]) != b"HTTP/1.1 200":
+        if bytes(parts[0][:12]) != self.status:
             self.wrong.append(b"".join(bytes(p) for p in parts)[:300])
         if self.left > 0:
             self.left -= 1
@@ -91,12 +96,13 @@ class Transport:
         return True
 
     def close(self) -> None:
-        raise SystemExit("the server closed a connection: " + repr(self.window.wrong[:1]))
+        self.window.closed += 1  # counted as a failure of its window
 
 
-async def window(server: Server, request: bytes, total: int, c: int) -> int:
-    """Run `total` requests; returns how many were not answered 200."""
-    w = Window(request, total - c)
+async def window(server: Server, request: bytes, total: int, c: int,
+                 status: bytes = b"200") -> int:
+    """Run `total` requests; returns how many were not answered `status`."""
+    w = Window(request, total - c, status)
     w.total = total
     for _ in range(c):
         t = Transport(w)
@@ -104,11 +110,11 @@ async def window(server: Server, request: bytes, total: int, c: int) -> int:
         conn.connection_made(t)
         conn.loop.call_soon(conn.data_received, request)
     await w.done
-    return len(w.wrong)
+    return len(w.wrong) + w.closed
 
 
-def request_bytes(json_http: bool) -> bytes:
-    x = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
+def request_bytes(json_http: bool, items: int = 1) -> bytes:
+    x = np.random.default_rng(0).standard_normal((items, 256), dtype=np.float32)
     body, headers = http_body(x, not json_http)
     head = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: 127.0.0.1:8088\r\n"
     head += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
@@ -116,10 +122,25 @@ def request_bytes(json_http: bool) -> bytes:
 
 
 async def main_async(args: Any) -> None:
-    app = build_app(args.model)
-    server = Server(app.quick)
-    request = request_bytes(args.json_http)
-    await window(server, request, 5000, args.concurrency)  # warm up
+    app = build_app(args.model, Stuck() if args.refuse else None)
+    server = Server(app)
+    request = request_bytes(args.json_http, args.items)
+    status = b"429" if args.refuse else b"200"
+    if args.refuse:  # fill the queue to its bound (those requests are never answered)
+        while True:
+            w = Window(request, 0, b"429")
+            w.total = 1  # done at the first answer: a refusal
+            for _ in range(64):
+                t = Transport(w)
+                t.conn = conn = Connection(server)
+                conn.connection_made(t)
+                conn.data_received(request)
+            try:
+                await asyncio.wait_for(asyncio.shield(w.done), 0.3)
+                break
+            except asyncio.TimeoutError:
+                continue
+    await window(server, request, 5000, args.concurrency, status)  # warm up
     if not args.no_freeze:
         freeze_startup_heap("benchmark")
     prof = cProfile.Profile() if args.profile else None
@@ -128,16 +149,17 @@ async def main_async(args: Any) -> None:
         if prof:
             prof.enable()
         c0, t0 = time.process_time(), time.perf_counter()
-        failed = await window(server, request, args.requests, args.concurrency)
+        failed = await window(server, request, args.requests, args.concurrency, status)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         if prof:
             prof.disable()
         if failed:
-            raise SystemExit(f"{failed} of {args.requests} answers were not 200")
+            raise SystemExit(f"{failed} of {args.requests} answers were not {status.decode()}")
         us = cpu / args.requests * 1e6
         best = min(best, us)
-        print(f"{args.requests} requests, C={args.concurrency}, "
-              f"{'JSON' if args.json_http else 'binary'}: {us:6.1f} us CPU/request, "
+        print(f"{args.requests} requests of {args.items} items, C={args.concurrency}, "
+              f"{'JSON' if args.json_http else 'binary'}, {status.decode()}: "
+              f"{us:6.1f} us CPU/request, "
               f"{args.requests / wall:8,.0f} req/s")
     print(f"best: {best:.1f} us CPU/request")
     if prof:
@@ -148,6 +170,9 @@ def main() -> None:
     ap = window_arguments(__doc__, "mlp")
     ap.add_argument("--json-http", action="store_true")
     ap.add_argument("--no-freeze", action="store_true")
+    ap.add_argument("--items", type=int, default=1, help="rows per request")
+    ap.add_argument("--refuse", action="store_true",
+                    help="a replica that never answers: measure refusing (429)")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="the event loop (an ingress replica runs on uvloop)")
     args = ap.parse_args()

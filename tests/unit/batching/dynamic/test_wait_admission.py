@@ -287,3 +287,46 @@ def test_a_replicas_warm_up_batches_seed_the_prediction_before_any_batch_is_time
         assert host.stats()["admission"]["batch_share_ms"] == pytest.approx(250.0)
 
     run(main())
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["submit", "dispatch", "complete"]),
+                                st.integers(1, 6), st.floats(0.0, 0.4),
+                                st.sampled_from([None, 0.3, 1.0, 5.0]),
+                                st.sampled_from([None, 1, 2])),
+                      min_size=1, max_size=60),
+       batch_s=st.floats(0.01, 0.5))
+def test_the_shortcut_past_the_shedding_walk_never_changes_what_is_shed(steps, batch_s):
+    """`Admission._none_due` skips the walk over the queue when nothing can be due: run
+    the same schedule on an engine without the shortcut, and every refusal, shed request
+    and batch is the same."""
+    def make() -> DynamicBatcher:
+        return DynamicBatcher(DynamicPolicy(
+            max_batch_size=4, max_queue_wait_s=0.5,
+            priority_levels=2, priority_queue_policy={2: QueuePolicy(default_timeout_s=2.0)}))
+
+    fast, walked = make(), make()
+    walked._admission._none_due = lambda *a: False  # always the full walk
+    seen: list[list] = [[], []]
+    t = measured(fast, batch_s)
+    assert measured(walked, batch_s) == t
+    inflight: list[list[int]] = [[], []]
+    for n, (op, size, dt, timeout_s, priority) in enumerate(steps):
+        t += dt
+        for q, log, flying in ((fast, seen[0], inflight[0]), (walked, seen[1], inflight[1])):
+            if op == "submit":
+                try:
+                    q.submit(req(("s", n), size, timeout_s, priority), now=t)
+                    log.append(("accepted", n))
+                except Overloaded:
+                    log.append(("refused", n))
+            elif op == "dispatch":
+                b = q.next_batch(t, free_replicas=1)
+                if b is not None:
+                    flying.append(b.id)
+                    log.append(("batch", [(p.request_id, p.start, p.stop) for p in b.parts]))
+            elif flying:
+                q.complete(flying.pop(0), t, compute_s=batch_s * size / 2)  # it slows
+            log.extend(("failed", f.request_id, type(f.error).__name__)
+                       for f in q.take_failures())
+    assert seen[0] == seen[1]
