@@ -5,6 +5,7 @@ are refused with Overloaded and a Retry-After from the prediction; a fake clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 
 import pytest
@@ -307,6 +308,8 @@ def test_the_shortcut_past_the_shedding_walk_never_changes_what_is_shed(steps, b
 
     fast, walked = make(), make()
     walked._admission._none_due = lambda *a: False  # always the full walk
+    for q in (fast, walked):
+        q._admission.walk_gap_per_entry_s = 0.0  # every walk that is due (see below)
     seen: list[list] = [[], []]
     t = measured(fast, batch_s)
     assert measured(walked, batch_s) == t
@@ -330,3 +333,38 @@ def test_the_shortcut_past_the_shedding_walk_never_changes_what_is_shed(steps, b
             log.extend(("failed", f.request_id, type(f.error).__name__)
                        for f in q.take_failures())
     assert seen[0] == seen[1]
+
+
+def test_under_overload_the_queue_is_walked_at_most_once_per_gap_for_each_entry():
+    """When the shortcut cannot rule shedding out, `shed` walks the queue at most once per
+    `WALK_GAP_PER_ENTRY_S` per queued entry, so its CPU stays bounded however deep the
+    queue; what became due for shedding is shed at the first walk."""
+    q = engine(batch=4, wait_s=1.0)
+    t = measured(q, batch_s=0.1)  # a full batch adds 0.1 s to a wait
+    queued = fill(q, 100, t)  # up to the bound
+    admission = q._admission
+    admission._none_due = lambda *a: False  # as under overload: the shortcut never helps
+    walks, last = [], admission._next_walk_s
+
+    def step(now: float) -> None:
+        nonlocal last
+        q._shed_due = True  # as after a completion: the engine asks admission to shed
+        q.next_batch(now, free_replicas=0)
+        if admission._next_walk_s != last:  # the queue was walked at `now`
+            walks.append(now)
+            last = admission._next_walk_s
+
+    gap = queued * admission.walk_gap_per_entry_s
+    for i in range(100):
+        now = t + i * gap / 10
+        step(now)
+    assert walks[0] == t and len(walks) == 10, (walks, gap)
+    assert all(b - a >= gap - 1e-9 for a, b in itertools.pairwise(walks)), walks
+    q.take_failures()  # the last one accepted: no batch ran meanwhile, so it was shed
+    # the service slows: full batches now take 0.4 s; the next walk sheds the tail
+    for _ in range(2):
+        b = q.next_batch(now, free_replicas=1)
+        now += 0.4
+        q.complete(b.id, now, compute_s=0.4)
+    step(now)
+    assert walks[-1] == now and q.take_failures()
