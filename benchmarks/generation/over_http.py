@@ -58,7 +58,7 @@ import numpy as np
 
 from benchmarks.generation.continuous import MODES, Job, ratios, run_mode, summarize, workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP_NAME = "generation-bench"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
