@@ -22,7 +22,8 @@ The runtime, in the order a request meets it
     warmup.py         the batches a replica runs before it reports ready (Triton's
                       model_warmup), and time to ready
     stateful_replica.py  SequenceReplica / StepReplica: per-sequence state on the replica
-    heap.py           a replica's startup heap frozen out of the garbage collector's walks
+    heap.py           the batching actor's and model replicas' startup heap frozen out of the
+                      garbage collector's walks (Serve does it for its replicas)
     stats.py          per-model statistics merged across shards (Triton's statistics extension)
     metrics.py        every raybatch_* Prometheus series in one table, and what records them
                       through ray.util.metrics (batching actor, replicas, callers, ingress)

@@ -5,23 +5,24 @@ A replica imports Ray, Serve, torch, numpy and its model: a heap of objects that
 long as the process. The cyclic collector walks every tracked object of the generation it
 collects, and the oldest generation holds all of those; under load a replica allocates
 tens of thousands of small objects a second (requests, futures, arrays, closures), so
-full collections come often, and each walks the whole startup heap again. Measured on the
-ingress's quick lane in one process (`benchmarks.http.quick_path --no-freeze`, uvloop): 71
-us of CPU per request with the collector as it is, 48 us with the startup heap frozen.
-Ray Serve does the same for its replicas (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, at the end of
-a replica's constructor), so in the ingress this only adds what was built after it (the
-HTTP app and server); the batching actor and the model replicas are plain Ray actors,
-where nothing else does it.
+full collections come often, and each walks the whole startup heap again. Ray Serve
+freezes its replicas' startup heap for that reason (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, at
+the end of a replica's constructor: the ingress gets it from Serve); the batching actor and
+the model replicas are plain Ray actors, where nothing else does it, so they call this once
+ready. Measured: in one process without Serve (`benchmarks.http.quick_path --no-freeze`
+against the default, uvloop) the quick lane costs 71 us of CPU per request with the
+collector as it is and 48 us frozen; in the actor setup (`benchmarks.serve.compare --models
+sleep --concurrency 128 --paths http --setups actor --peers`) the batching actor took 94 us
+per request frozen against 97 with `RAYBATCH_FREEZE_HEAP=0`, within this machine's noise:
+what it buys there is fewer long collections (pauses), not throughput.
 
 `freeze_startup_heap` collects once (what startup left as garbage is freed, not frozen),
 then `gc.freeze()`s the rest: those objects move to a permanent generation the collector
 never walks. Everything allocated afterwards is collected as before, cycles included;
 frozen objects are still freed by reference counting when they are dropped, only a
 frozen object in a reference cycle that dies later stays (it was alive at startup: rare).
-Each replica calls it once it is ready to serve (the ingress, the batching actor, a
-model replica of its own process). `RAYBATCH_FREEZE_HEAP=0` in the environment Ray's
-workers start with turns it off (to compare, or if a model's startup objects die in cycles
-and should be collected).
+`RAYBATCH_FREEZE_HEAP=0` in the environment Ray's workers start with turns it off (to
+compare, or if a model's startup objects die in cycles and should be collected).
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from cluster.config import MetricsConfig, ModelConfig, RaybatchConfig
 from deployments.backends import batcher_actor_name, make_backend
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
-from deployments.heap import freeze_startup_heap
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
@@ -197,7 +196,6 @@ class Ingress(GrpcIngress):
             self.http_metrics = HttpCounts(self.http.counts)
             self._http_export = asyncio.ensure_future(
                 every(metrics.interval_s, self.http_metrics.flush))
-        freeze_startup_heap(f"{self.config.app_name} ingress")  # ready to serve: see heap
         return self.http
 
     async def __del__(self) -> None:
