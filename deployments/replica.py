@@ -102,7 +102,7 @@ class ModelReplica:
             self.error = str(e) if isinstance(e, RaybatchError) else f"{type(e).__name__}: {e}"
             log.error("%s replica-%d cannot serve: %s", self.config.name, index, self.error)
             return
-        if not in_process:  # in the ingress's process, the ingress freezes once it is ready
+        if not in_process:  # in process, its host freezes once ready (Serve, or the batcher)
             freeze_startup_heap(f"{self.config.name} replica-{index}")
 
     def _build(self, started: float) -> None:

@@ -259,7 +259,6 @@ class Admission:
                                                   entry.deadline_s - now)))
         return out
 
-
     def _none_due(self, levels: list[LevelQueue], inflight_cost: float, now: float,
                   replicas: int) -> bool:
         """True when no entry can be due for shedding, known in O(levels) instead of a

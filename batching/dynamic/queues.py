@@ -72,10 +72,8 @@ class LevelQueue:
 
     def push(self, entry: Entry) -> None:
         heapq.heappush(self.live, (entry.deadline_s, entry.seq, entry))
-        arrivals = self.arrivals  # pushed as they come: oldest first; ended ones trimmed
-        while arrivals and arrivals[0].removed:
-            arrivals.popleft()
-        arrivals.append(entry)
+        self.oldest_arrival()  # trims the ended ones, so the deque stays as long as the queue
+        self.arrivals.append(entry)  # pushed as they come: oldest first
         self.count += 1
         self.latest_deadline_s = max(self.latest_deadline_s, entry.deadline_s)
 

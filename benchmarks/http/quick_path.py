@@ -52,8 +52,8 @@ class Server:
 class Window:
     """`total` requests over `c` connections, each sent when the last answer is written."""
 
-    def __init__(self, request: bytes, total: int, status: bytes = b"200") -> None:
-        self.request, self.left, self.answers, self.total = request, total, 0, total
+    def __init__(self, request: bytes, total: int, c: int, status: bytes = b"200") -> None:
+        self.request, self.left, self.answers, self.total = request, total - c, 0, total
         self.status = b"HTTP/1.1 " + status
         self.closed = 0
         self.wrong: list[bytes] = []
@@ -99,15 +99,20 @@ class Transport:
         self.window.closed += 1  # counted as a failure of its window
 
 
+def connect(server: Server, w: Window) -> Connection:
+    """A new connection of `server` whose answers go to `w`."""
+    t = Transport(w)
+    t.conn = conn = Connection(server)
+    conn.connection_made(t)
+    return conn
+
+
 async def window(server: Server, request: bytes, total: int, c: int,
                  status: bytes = b"200") -> int:
     """Run `total` requests; returns how many were not answered `status`."""
-    w = Window(request, total - c, status)
-    w.total = total
+    w = Window(request, total, c, status)
     for _ in range(c):
-        t = Transport(w)
-        t.conn = conn = Connection(server)
-        conn.connection_made(t)
+        conn = connect(server, w)
         conn.loop.call_soon(conn.data_received, request)
     await w.done
     return len(w.wrong) + w.closed
@@ -128,13 +133,9 @@ async def main_async(args: Any) -> None:
     status = b"429" if args.refuse else b"200"
     if args.refuse:  # fill the queue to its bound (those requests are never answered)
         while True:
-            w = Window(request, 0, b"429")
-            w.total = 1  # done at the first answer: a refusal
+            w = Window(request, 1, 1, b"429")  # done at the first answer: a refusal
             for _ in range(64):
-                t = Transport(w)
-                t.conn = conn = Connection(server)
-                conn.connection_made(t)
-                conn.data_received(request)
+                connect(server, w).data_received(request)
             try:
                 await asyncio.wait_for(asyncio.shield(w.done), 0.3)
                 break
