@@ -41,6 +41,7 @@ from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submi
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats
+from deployments.transit import Stamp, in_transit_s, less_transit
 
 # (caller key, items, priority, timeout_s[, control]) -> (caller key, value, error)
 Outcome = tuple[Any, Any, "BaseException | None"]
@@ -176,15 +177,19 @@ class LocalEngine:
         if self._publisher is not None:
             self._publisher.cancel()
 
-    async def infer(self, bundle: list[tuple] | Stacked) -> list[Outcome] | StackedOutcomes:
+    async def infer(self, bundle: list[tuple] | Stacked, sent: Stamp | None = None
+                    ) -> list[Outcome] | StackedOutcomes:
         """A bundle of `(key, items, priority, timeout_s[, control])` (or `Stacked`): every
         outcome, as a batching actor answers it (what `RaybatchClient` sends through the
-        handle)."""
+        handle); `sent`: where and when it left, counted against each timeout."""
         await self.start()
         keys: dict[asyncio.Future, Any] = {}
         out: list[Outcome] = []
-        for key, items, priority, timeout_s, *rest in entries(bundle):
+        transit_s = in_transit_s(sent)
+        for entry in entries(bundle):
+            key = entry[0]
             try:
+                key, items, priority, timeout_s, *rest = less_transit(entry, transit_s)
                 keys[self.submit(items, priority, timeout_s, rest[0] if rest else None)] = key
             except RaybatchError as e:
                 out.append((key, None, e))
@@ -252,7 +257,8 @@ class ActorBackend:
     async def drain(self, timeout_s: float) -> None:
         """Nothing here: the batching actors drain themselves (`deployments.drain`)."""
 
-    async def infer_entries(self, bundle: list[tuple]) -> list[Outcome]:
+    async def infer_entries(self, bundle: list[tuple], sent: Stamp | None = None
+                            ) -> list[Outcome]:
         raise InvalidRequest(f"model {self.route.config.name!r} runs its engine in batching "
                              "actors: send bundles to them (RaybatchClient does)")
 
@@ -290,8 +296,9 @@ class IngressBackend:
     async def drain(self, timeout_s: float) -> None:
         await self.engine.drain(timeout_s)
 
-    async def infer_entries(self, bundle: list[tuple]) -> list[Outcome]:
-        return await self.engine.infer(bundle)
+    async def infer_entries(self, bundle: list[tuple], sent: Stamp | None = None
+                            ) -> list[Outcome]:
+        return await self.engine.infer(bundle, sent)
 
 
 Backend = ActorBackend | IngressBackend

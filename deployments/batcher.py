@@ -44,6 +44,7 @@ from deployments.heap import freeze_startup_heap
 from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
+from deployments.transit import Stamp, in_transit_s, less_transit
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +114,15 @@ class BatcherActor:
         await self._ensure_started()
         return True
 
-    async def infer(self, bundle: list[BundleItem] | Stacked, caller: str | None = None
-                    ) -> list[Outcome] | StackedOutcomes:
+    async def infer(self, bundle: list[BundleItem] | Stacked, caller: str | None = None,
+                    sent: Stamp | None = None) -> list[Outcome] | StackedOutcomes:
         """Run a bundle of requests; the outcome of each, once all have ended.
 
         Callers send bundles of about one batch, so waiting for all costs little,
         and one plain call is cheaper than a stream (1.2-1.4 ms against 2.4 ms here).
         `caller` names the sender's keys for `cancel`; None: they cannot be cancelled.
+        `sent`: where and when the bundle left (`deployments.transit`); the time since
+        is taken from each request's timeout.
         A `Stacked` bundle is answered stacked where it can be (`deployments.bundles`).
         """
         await self._ensure_started()
@@ -130,9 +133,11 @@ class BatcherActor:
         by_key = self._by_key
         if self.draining is not None:
             return [(entry[0], None, Draining(self.draining)) for entry in entries(bundle)]
+        transit_s = in_transit_s(sent)
         for entry in entries(bundle):
             rid = next(self._ids)
             try:
+                entry = less_transit(entry, transit_s)
                 opened[submit_bundle_item(host, self.kind, rid, entry)] = entry[0], rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
                 out.append((entry[0], None, e))

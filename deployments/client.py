@@ -126,8 +126,8 @@ class _ViaIngress:
     the ingress: a bundle goes to `Ingress.infer_entries` through the app's handle."""
 
     def __init__(self, handle: Any, model: str) -> None:
-        self.infer = _Method(lambda bundle, caller=None: handle.infer_entries.remote(model,
-                                                                                     bundle))
+        self.infer = _Method(lambda bundle, caller=None, sent=None:
+                             handle.infer_entries.remote(model, bundle, sent))
         # A caller's cancel is not sent on: the bundle's handle call carries its batch-mates
         # too. The request still ends at the engine; its answer is dropped here.
         self.cancel = _Method(lambda caller, keys: _nothing())

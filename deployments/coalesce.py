@@ -4,7 +4,8 @@ Whatever requests arrive during one event-loop tick go to the batching actor
 in bundles of at most `bundle_items` items (one batch's worth; as one stacked array
 where it can, `deployments.bundles`), one plain Ray call each (no timer, no added
 wait: the flush is scheduled with `call_soon` when the first request of a tick
-arrives). A bundle's answer resolves each
+arrives). Each bundle carries when it left (`deployments.transit`): the time it takes to reach
+the actor counts against its requests' timeouts. A bundle's answer resolves each
 request's future by its key; a bundle whose call fails (the batching actor
 died) fails its requests with `WorkerDied`: nothing accepted is silently dropped.
 Bundles of one batch keep the pipeline full: the first batch's answers do not
@@ -36,6 +37,7 @@ from typing import Any
 from batching.errors import WorkerDied
 from batching.loop import detached
 from deployments.bundles import outcomes, pack
+from deployments.transit import stamp
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class Coalescer:
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            call = self._actor.infer.remote(pack(bundle), self.caller)  # now: see the note
+            call = self._actor.infer.remote(pack(bundle), self.caller, stamp())  # now: see the note
         except Exception as e:
             self._lost(bundle, e)
             return

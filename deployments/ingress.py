@@ -36,6 +36,7 @@ from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
 from deployments.protocol.wording import unknown_model, unknown_version
 from deployments.stats import model_counters_json
+from deployments.transit import Stamp
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
 
@@ -257,12 +258,14 @@ class Ingress(GrpcIngress):
                                                                           parameters):
             yield event
 
-    async def infer_entries(self, model: str, bundle: list[tuple]) -> list[tuple]:
+    async def infer_entries(self, model: str, bundle: list[tuple],
+                            sent: Stamp | None = None) -> list[tuple]:
         """A `RaybatchClient` bundle for a model whose engine runs in the ingress
         (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`
         (or `deployments.bundles.Stacked`), answered `(key, value, error)` (or
-        `StackedOutcomes`) as a batching actor answers them."""
-        return await self.backend.get(model).backend.infer_entries(bundle)
+        `StackedOutcomes`) as a batching actor answers them; `sent`: where and when it
+        left (`deployments.transit`)."""
+        return await self.backend.get(model).backend.infer_entries(bundle, sent)
 
     async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:
         """What `RaybatchClient` needs to send to `model`'s engine itself: the model's

@@ -50,7 +50,7 @@ class _Method:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def remote(self, bundle: Any, caller: Any = None) -> _Call:
+    def remote(self, bundle: Any, caller: Any = None, sent: Any = None) -> _Call:
         return _Call(self.engine, bundle)
 
 

@@ -40,7 +40,7 @@ class FakeIngressHandle:
     async def _route_info(self, model):
         return CONFIG.model_dump_json(), None, None
 
-    async def _infer_entries(self, model, bundle):
+    async def _infer_entries(self, model, bundle, sent=None):
         """As `Ingress.infer_entries` reads and answers a bundle, either form."""
         self.bundles.append((model, bundle))
         return pack_outcomes(bundle, [(key, np.asarray(items) ** 2, None)

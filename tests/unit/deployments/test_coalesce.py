@@ -37,7 +37,7 @@ class FakeActor:
 
     def answer(self, i: int = 0, error_for: dict | None = None) -> None:
         """Answer bundle `i`: x -> x * 10, or the error given for its key."""
-        (bundle, _caller), fut = self.bundles[i]
+        (bundle, _caller, _sent), fut = self.bundles[i]
         errors = error_for or {}
         fut.set_result([(key, None, errors[key]) if key in errors
                         else (key, [x * 10 for x in items], None) for key, items, *_ in bundle])
@@ -163,7 +163,7 @@ def test_a_client_of_an_ingress_placed_engine_sends_through_the_handle_and_cance
             self.calls: list = []
             self.infer_entries = self
 
-        def remote(self, model, bundle):
+        def remote(self, model, bundle, sent=None):
             self.calls.append((model, bundle))
             self.answer = asyncio.get_running_loop().create_future()
             self.answer.set_result(

@@ -39,7 +39,7 @@ class FakeBatcher:
         self.model, self.error, self.bundles = model, error, []
         self.infer = self
 
-    async def remote(self, bundle, caller=None):
+    async def remote(self, bundle, caller=None, sent=None):
         self.bundles.append(bundle)
         if self.error is not None:
             return [(key, None, self.error) for key, *_ in bundle]
