@@ -12,7 +12,7 @@ WORKDIR /home/ray/raybatch
 # torch's CPU build, the version pyproject pins (PyPI's default one carries CUDA: GBs).
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
-COPY --chown=1000:100 pyproject.toml constraints.txt README.md ./
+COPY --chown=1000:100 pyproject.toml setup.py constraints.txt README.md ./
 COPY --chown=1000:100 batching ./batching
 COPY --chown=1000:100 cluster ./cluster
 COPY --chown=1000:100 deployments ./deployments

@@ -14,7 +14,7 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
 SYSDEPS := prometheus wrk
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
@@ -87,4 +87,5 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine.embedded_vs_seed
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site build
+	find deployments -name '*.so' -delete

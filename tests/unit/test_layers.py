@@ -27,6 +27,12 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
+def _known() -> set[str]:
+    """Every module name: the Python modules and the C extensions (`*.c`, built in place)."""
+    return set(_modules()) | {_module_name(p) for pkg in PACKAGES
+                              for p in (ROOT / pkg).rglob("*.c")}
+
+
 def _imports(path: Path, known: set[str]) -> set[str]:
     """The project modules `path` imports (the most specific known name)."""
     out: set[str] = set()
@@ -49,7 +55,7 @@ def _imports(path: Path, known: set[str]) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
     mods = _modules()
-    known = set(mods)
+    known = _known()
     return {m: _imports(p, known) - {m} for m, p in mods.items()}
 
 
