@@ -147,6 +147,12 @@ class LoopHost(ABC, Generic[E]):
     def busy(self) -> bool:
         """Whether anything is queued, running or holding state on a replica."""
 
+    @property
+    def wait_refusals(self) -> int:
+        """Requests refused so far because the engine's wait bound was reached (0 where
+        the engine has none): more demand than the replicas serve within it."""
+        return 0
+
     @abstractmethod
     def outstanding(self, client: Any) -> int:
         """Batches (or steps) sent to `client` that have not come back."""

@@ -43,7 +43,9 @@ class ReplicaConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables of the replica process (OMP_NUM_THREADS is set from num_cpus)."""
     scale_up_queue_items: int = Field(default=256, ge=1)
-    """Queued items per replica above which the pool adds a replica."""
+    """Queued items per replica above which the pool adds a replica. It also adds one
+    (when none is starting) whenever the engine refused requests at its wait bound
+    (`limits.max_queue_wait_s`), which a slow model reaches with fewer items queued."""
     scale_down_idle_s: float = Field(default=30.0, gt=0)
     """Seconds with nothing queued or running before the pool removes a replica."""
     pin: Literal["auto", "required", "off"] = "auto"

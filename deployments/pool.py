@@ -5,7 +5,11 @@ actors created from it (so they die with it: deleting the app leaves none behind
 or, with `replicas.in_process`, threads of its own (`deployments.inprocess`); the
 pool treats both through the same client (`info`, `stop`, `placed`). The pool keeps between
 `min_replicas` and `max_replicas` alive: it adds one when queued items per
-replica exceed `scale_up_queue_items`, removes one after `scale_down_idle_s`
+replica exceed `scale_up_queue_items`, or when the engine refused requests because its
+wait bound (`limits.max_queue_wait_s`) was reached and no replica is already starting
+(admission by time keeps at most the bound's worth queued: for a model slower than
+`scale_up_queue_items` a second, the queue never reaches the count), removes one after
+`scale_down_idle_s`
 with nothing queued, and replaces a replica that died. A replica that cannot
 be placed stays pending: that pending actor is what makes the Ray autoscaler
 (and KubeRay) add a node. `snapshot()` says how many replicas the scaling rule
@@ -150,6 +154,7 @@ class ReplicaPool:
         self._indices = itertools.count()
         self._starting: dict[int, Any] = {}
         self._idle_since: float | None = None
+        self._refused_seen = 0  # the host's wait_refusals at the last look
         self._task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -270,10 +275,11 @@ class ReplicaPool:
             await asyncio.sleep(0.5)
             live = len(self.host.replicas) + len(self._starting)
             queued = self.host.queued_work
+            seen, self._refused_seen = self._refused_seen, self.host.wait_refusals
+            short = (queued > r.scale_up_queue_items * max(live, 1)
+                     or (self._refused_seen > seen and not self._starting))
             self.desired = live
-            if live < r.min_replicas or (
-                live < r.max_replicas and queued > r.scale_up_queue_items * max(live, 1)
-            ):
+            if live < r.min_replicas or (live < r.max_replicas and short):
                 self.desired = live + 1
                 self._spawn(self._add())
                 continue

@@ -147,6 +147,10 @@ class Admission:
         self.full_cost = full_cost
         self.walk_gap_per_entry_s = WALK_GAP_PER_ENTRY_S
         self._next_walk_s = -math.inf  # `shed` does not walk the queue before then
+        # Requests refused or shed because the wait bound itself (not a request's own
+        # shorter deadline) was reached: demand past what the replicas serve within it,
+        # the signal the replica pool scales up on (`deployments.pool`).
+        self.wait_refusals = 0
 
     def _finish_s(self, now: float, work: float) -> float:
         rate = self.rate
@@ -191,6 +195,8 @@ class Admission:
                 behind = _behind(entry, own)
                 wait = self.wait_s(inflight_cost + ahead - behind, replicas)
             if wait > bound:
+                if bound == self.max_wait_s:
+                    self.wait_refusals += 1
                 raise self.wait_refusal(wait, bound, inflight_cost + ahead - (behind or 0.0),
                                         replicas)
         rate = self.rate
@@ -242,6 +248,7 @@ class Admission:
                 if bound is not None and entry.offset == 0:  # none of it is running
                     wait_s = self.wait_s(inflight_cost + ahead, replicas)
                     if now + wait_s > entry.arrival_s + bound + 1e-9:
+                        self.wait_refusals += 1
                         out.append((entry, wait_shed_error(
                             entry.request.id, now - entry.arrival_s, wait_s, bound)))
                         continue

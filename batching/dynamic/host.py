@@ -130,6 +130,11 @@ class BatchHost(LoopHost[DynamicBatcher]):
     def busy(self) -> bool:
         return bool(self.engine.queued_items or self._inflight)
 
+    @property
+    def wait_refusals(self) -> int:
+        admission = self.engine.admission
+        return 0 if admission is None else admission.wait_refusals
+
     # -- requests -------------------------------------------------------------------------
     def submit(self, request: Request) -> asyncio.Future:
         """Queue `request` and return the future of its outcome; raises QueueFull,

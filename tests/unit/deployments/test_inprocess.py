@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batching.errors import BatchTimedOut
+from batching.errors import BatchTimedOut, Overloaded
 from batching.loop import ReplicaDied, ReplicaHung
 from batching.model import VectorTransformer
 from batching.types import Request
@@ -149,3 +149,42 @@ def test_the_pool_serves_from_in_process_replicas_and_replaces_a_hung_one():
     assert [float(v) for v in ok] == [2.0, 3.0] and [float(v) for v in again] == [6.0]
     assert [i["index"] for i in infos] == [1] and infos[0]["state"] == "ALIVE"
     assert infos[0]["in_process"] is True
+
+
+def test_the_pool_adds_a_replica_when_the_wait_bound_refuses_what_the_count_never_reaches():
+    # 8 items per 0.1 s batch: 80 a second, far below scale_up_queue_items per second, so
+    # with admission by time (0.3 s of wait) the queue never holds 1,000 items; what says
+    # the replicas are short is the refusals at the bound.
+    model = ModelConfig(
+        name="m", transformer="tests.models:SlowSquare", init_kwargs={"delay_ms": 100.0},
+        inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
+        outputs=[{"name": "y", "datatype": "FP32", "shape": [-1]}],
+        batching={"max_batch_size": 8, "max_queue_delay_s": 0.0, "max_queue_wait_s": 0.3},
+        replicas={"in_process": True, "num_cpus": 0.5, "min_replicas": 1, "max_replicas": 2,
+                  "scale_up_queue_items": 1000},
+        warmup={"enabled": False})
+
+    async def main():
+        host = make_host(model, on_replica_died=lambda c: None)
+        pool = ReplicaPool(model, host)
+        await pool.start()
+        before = len(host.replicas)
+        calls, refused = [], 0
+        for i in range(200):
+            try:
+                calls.append(host.submit(Request(i, [float(i)], False, None, None, 1)))
+            except Overloaded:  # refused at submit: past the wait bound
+                refused += 1
+        for _ in range(300):  # the autoscaler looks every 0.5 s
+            if len(host.replicas) == 2:
+                break
+            await asyncio.sleep(0.01)
+        after = len(host.replicas)
+        await asyncio.wait(calls)  # what was accepted is answered
+        assert all(c.exception() is None for c in calls)
+        await host.close(1.0, reason="test over")
+        return before, refused, after, host.wait_refusals
+
+    before, refused, after, counted = asyncio.run(asyncio.wait_for(main(), 30))
+    assert before == 1 and refused > 0 and counted == refused
+    assert after == 2

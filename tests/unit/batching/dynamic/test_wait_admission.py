@@ -76,6 +76,7 @@ def test_past_the_bound_it_refuses_with_a_retry_after_from_the_prediction():
         q.submit(req("late"), now=t)
     assert e.value.retry_after_s == pytest.approx(0.5)
     assert "late" not in q._queued and q.queued_requests == 12  # nothing kept
+    assert q.admission.wait_refusals == 1  # what the replica pool scales up on
     # in flight counts as ahead: two batches leave, one still queued; still 1.5 s
     a = q.next_batch(t, free_replicas=2)
     q.next_batch(t, free_replicas=1)
@@ -101,6 +102,7 @@ def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
     assert sorted(f.request_id[-1] for f in shed) == [8, 9, 10, 11]
     assert all(isinstance(f.error, Overloaded) and "slowed" in str(f.error) for f in shed)
     assert q.queued_requests == 0
+    assert q.admission.wait_refusals == 4  # shed at the bound: demand past the replicas
 
 
 def test_a_deadline_sooner_than_the_bound_is_the_bound():
@@ -111,6 +113,7 @@ def test_a_deadline_sooner_than_the_bound_is_the_bound():
     with pytest.raises(Overloaded, match=r"past its timeout \(0\.25 s left\)") as e:
         q.submit(req("hurried", timeout_s=0.25), now=t)
     assert e.value.retry_after_s == pytest.approx(0.25)
+    assert q.admission.wait_refusals == 0  # its own deadline, not the bound: no more replicas
     q.submit(req("patient", timeout_s=0.75), now=t)
     # earliest deadline first: what it goes before is not ahead of it
     fill(q, 8, t)  # two full batches queued behind "patient": 1.5 s
