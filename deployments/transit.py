@@ -17,6 +17,7 @@ Ray node counts as sent when it arrived, as before.
 
 from __future__ import annotations
 
+import math
 import time
 
 from batching.errors import Overloaded
@@ -43,8 +44,10 @@ def stamp() -> Stamp | None:
 
 
 def in_transit_s(sent: Stamp | None) -> float:
-    """Seconds since `sent` (0 if it came from another node, or unstamped)."""
-    if sent is None or sent[0] != node_id():
+    """Seconds since `sent` (0 if it came from another node, unstamped, or is not a stamp:
+    a caller of the actor's API that sends something else loses nothing by it)."""
+    if (type(sent) is not tuple or len(sent) != 2 or sent[0] != node_id()
+            or type(sent[1]) is not float or not math.isfinite(sent[1])):
         return 0.0
     return max(time.monotonic() - sent[1], 0.0)
 

@@ -42,6 +42,13 @@ def test_a_stamp_from_another_node_counts_as_sent_on_arrival(on_node):
     assert transit.in_transit_s(("node-b", time.monotonic() - 100.0)) == 0.0
 
 
+@pytest.mark.parametrize("sent", [(), ("node-a",), ["node-a", 1.0], ("node-a", "1.0"),
+                                  ("node-a", float("nan")), ("node-a", 1), "node-a", 3.0,
+                                  ("node-a", 1.0, 2.0), ({}, 1.0)])
+def test_what_is_not_a_stamp_counts_as_none(on_node, sent):
+    assert transit.in_transit_s(sent) == 0.0
+
+
 def test_the_transit_comes_off_the_timeout_and_the_rest_of_the_entry_stays():
     control = ("seq-1", True, False)
     assert transit.less_transit(("k", [1], 2, 5.0, control), 1.5) == ("k", [1], 2, 3.5, control)
