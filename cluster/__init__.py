@@ -11,6 +11,7 @@
     pinning.py    a replica pins itself (node-local core allocator, sched_setaffinity)
     raynode.py    numa<N> resources and labels of a Ray node; `ray start` arguments
     render.py     what Ray deploys, derived from the config: the Serve config file
+    ports.py      a free port for a server about to bind it, outside the ephemeral range
     k8s/          Kubernetes manifests (KubeRay RayService, PodMonitors) from the config
     grafana/      the Grafana dashboard derived from the config, and publishing it
     cli/          the `raybatch` command line, on top of everything (it may import

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import logging
 import math
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -33,16 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import RaybatchConfig
+from cluster.ports import free_port
 from deployments.metrics import PREFIX
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def run_all(steps: Sequence[tuple[str, Callable[[], Any]]]) -> None:

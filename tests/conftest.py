@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,9 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server of a test, where the other lane's connections cannot take it
+    first (`cluster.ports`)."""
+    from cluster.ports import free_port as outside_the_ephemeral_range
+
+    return outside_the_ephemeral_range()
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,

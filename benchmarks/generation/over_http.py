@@ -204,11 +204,9 @@ async def run_inproc(mode: str, model: Any, jobs: list[Job], max_active: int,
 
 # -- deploying ---------------------------------------------------------------------------------
 def free_port() -> int:
-    import socket
+    from cluster.ports import free_port as outside_the_ephemeral_range
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return outside_the_ephemeral_range()
 
 
 def deploy(config: dict[str, Any]) -> None:

@@ -168,9 +168,9 @@ def cpu_s(pid: int) -> float:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from cluster.ports import free_port as outside_the_ephemeral_range
+
+    return outside_the_ephemeral_range()
 
 
 def wait_up(port: int, timeout_s: float = 30.0) -> None:

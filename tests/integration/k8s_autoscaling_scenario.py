@@ -27,7 +27,6 @@ import asyncio
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -88,9 +87,9 @@ def config(env: dict[str, str]):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from cluster.ports import free_port as outside_the_ephemeral_range
+
+    return outside_the_ephemeral_range()
 
 
 def autoscaler_config(rendered: dict[str, Any], gcs_address: str) -> dict[str, Any]:
