@@ -10,8 +10,9 @@ one event-loop tick into one call; generations share one long poll per
 batching actor. If a batching actor was recreated, the failed requests get `WorkerDied`
 and the next call fetches the route again. A request refused with `Draining` (the app
 is being redeployed: nothing of it ran) is sent again, on a freshly fetched route, for
-up to `DRAIN_RETRY_S`. A model whose engine runs in the ingress
-(`batcher.placement: ingress`) has no batching actor to reach: the client still
+up to `DRAIN_RETRY_S`; so is one whose bundle was on its way when Serve ended the drained
+actor (`BatcherStopped`: a draining actor starts nothing new). A model whose engine runs
+in the ingress (`batcher.placement: ingress`) has no batching actor to reach: the client still
 validates and coalesces, and sends each bundle through the app's handle
 (`Ingress.infer_entries`), one Serve call per bundle instead of one per request;
 its generations are streaming handle calls (`Ingress.generate_stream`).
@@ -34,6 +35,7 @@ import numpy as np
 from batching.errors import Draining, WorkerDied
 from batching.loop import detached_task
 from cluster.config import ModelConfig
+from deployments.coalesce import BatcherStopped
 from deployments.route import ModelRoute
 
 DRAIN_RETRY_S = 10.0
@@ -62,6 +64,10 @@ class RaybatchClient:
             route = await self._route(model)
             try:
                 return await route.infer(inputs, parameters)
+            except BatcherStopped:  # ended after its drain: what it had not answered
+                self._forget(model, route)  # had not run; the new deployment takes it
+                if waited_s >= DRAIN_RETRY_S:
+                    raise
             except WorkerDied:
                 self._forget(model, route)  # maybe a recreated actor: ask again next time
                 raise

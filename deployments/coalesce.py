@@ -40,6 +40,16 @@ from deployments.bundles import outcomes, pack
 from deployments.transit import stamp
 
 log = logging.getLogger(__name__)
+# How Ray 2.60 words an actor ended on purpose (`ray.kill`), as Serve ends a stopped
+# version's batching actors once their drain is done (`deployments.drain`).
+_KILLED = "killed by `ray.kill`"
+
+
+class BatcherStopped(WorkerDied):
+    """The batching actor was ended on purpose (Serve stopping an old version, after its
+    drain: a draining actor starts nothing new), so a bundle that had not come back when it
+    ended had not been run by it, unless its drain ran out of time (`drain_timeout_s`): a
+    caller may send the request again, to the new version, as after `Draining`."""
 
 
 class Coalescer:
@@ -134,7 +144,8 @@ class Coalescer:
     def _lost(self, bundle: list[tuple], e: BaseException) -> None:
         self._actor = None
         log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
-        self._fail(bundle, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
+        died = BatcherStopped if _KILLED in str(e) else WorkerDied
+        self._fail(bundle, died(f"the batching actor failed: {type(e).__name__}: {e}"))
 
     def _fail(self, bundle: list[tuple], error: BaseException) -> None:
         failed = 0

@@ -154,3 +154,71 @@ def test_generations_of_an_ingress_placed_model_stream_through_the_handle():
     (_, done), (call, hung_up) = handle.streams
     assert call == ("lm", "Once", {"max_tokens": 50})
     assert not done.cancelled and hung_up.cancelled
+
+
+class Killed(Exception):
+    """What Ray raises for a call to an actor ended with `ray.kill` (its wording)."""
+
+    def __str__(self) -> str:
+        return ("The actor died unexpectedly before finishing this task.\n"
+                "The actor is dead because it was killed by `ray.kill`.")
+
+
+class FakeBatcher:
+    """A batching actor: `infer.remote` squares each entry, or fails with `error`."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error, self.calls = error, 0
+        self.infer = _Call(self._infer)
+
+    async def _infer(self, bundle, caller=None, sent=None):
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return pack_outcomes(bundle, [(key, np.asarray(items) ** 2, None)
+                                      for key, items, *_ in entries(bundle)])
+
+
+class FakeActorHandle:
+    """`route_info` hands out the batching actors of `versions` in turn (a redeploy)."""
+
+    def __init__(self, *versions: FakeBatcher) -> None:
+        self.versions, self.fetches = list(versions), 0
+        self.route_info = _Call(self._route_info)
+
+    async def _route_info(self, model):
+        actor = self.versions[min(self.fetches, len(self.versions) - 1)]
+        self.fetches += 1
+        config = CONFIG.model_copy(update={"batcher": CONFIG.batcher.model_copy(
+            update={"placement": "actor"})})
+        return config.model_dump_json(), [actor], None
+
+
+def test_a_request_whose_batching_actor_serve_ended_goes_to_the_new_version(caplog):
+    # Serve ends a stopped version's batching actor after its drain: a bundle still on its
+    # way had not run there, so it is sent again, on the route fetched anew.
+    old, new = FakeBatcher(Killed()), FakeBatcher()
+    client = RaybatchClient(FakeActorHandle(old, new))
+    with caplog.at_level(logging.CRITICAL, logger="deployments.coalesce"):
+        out = asyncio.run(client.infer("sq", {"INPUT0": np.array([3.0], np.float32)}))
+    assert out["OUTPUT0"].tolist() == [9.0]
+    assert old.calls == 1 and new.calls == 1
+
+
+def test_a_batching_actor_that_crashed_fails_its_requests_with_worker_died(caplog):
+    from batching.errors import WorkerDied
+    from deployments.coalesce import BatcherStopped
+
+    crashed, new = FakeBatcher(RuntimeError("the actor died: SIGKILL")), FakeBatcher()
+    client = RaybatchClient(FakeActorHandle(crashed, new))
+
+    async def main():
+        try:
+            await client.infer("sq", {"INPUT0": np.array([3.0], np.float32)})
+        except WorkerDied as e:
+            return e
+    with caplog.at_level(logging.CRITICAL, logger="deployments.coalesce"):
+        error = asyncio.run(main())
+    # it may have run: not sent again (the next call fetches the route anew)
+    assert isinstance(error, WorkerDied) and not isinstance(error, BatcherStopped)
+    assert crashed.calls == 1 and new.calls == 0
