@@ -66,8 +66,8 @@ class RaybatchClient:
                 return await route.infer(inputs, parameters)
             except BatcherStopped:  # ended after its drain: what it had not answered
                 self._forget(model, route)  # had not run; the new deployment takes it
-                if waited_s >= DRAIN_RETRY_S:
-                    raise
+                if waited_s >= DRAIN_RETRY_S or route.kind == "sequence":
+                    raise  # a sequence's state went with it: the caller decides
             except WorkerDied:
                 self._forget(model, route)  # maybe a recreated actor: ask again next time
                 raise
