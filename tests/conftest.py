@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from cluster.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "configs"
 APP_CONFIG = CONFIGS / "app.yaml"
@@ -26,14 +28,6 @@ APP_CONFIG = CONFIGS / "app.yaml"
 def pytest_configure(config: pytest.Config) -> None:
     # Ray Serve's own pydantic models use deprecated Field arguments: not ours to fix.
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:ray\\..*")
-
-
-def free_port() -> int:
-    """A port for a server of a test, where the other lane's connections cannot take it
-    first (`cluster.ports`)."""
-    from cluster.ports import free_port as outside_the_ephemeral_range
-
-    return outside_the_ephemeral_range()
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,

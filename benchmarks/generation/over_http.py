@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.generation.continuous import MODES, Job, ratios, run_mode, summarize, workload
+from cluster.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_NAME = "generation-bench"
@@ -203,12 +204,6 @@ async def run_inproc(mode: str, model: Any, jobs: list[Job], max_active: int,
 
 
 # -- deploying ---------------------------------------------------------------------------------
-def free_port() -> int:
-    from cluster.ports import free_port as outside_the_ephemeral_range
-
-    return outside_the_ephemeral_range()
-
-
 def deploy(config: dict[str, Any]) -> None:
     from ray import serve
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from cluster.ports import free_port
+
 MODEL, WIDTH = "mlp", 256
 CLOCK = os.sysconf("SC_CLK_TCK")
 
@@ -165,12 +167,6 @@ def lua_script(body: bytes, headers: dict[str, str]) -> str:
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK
-
-
-def free_port() -> int:
-    from cluster.ports import free_port as outside_the_ephemeral_range
-
-    return outside_the_ephemeral_range()
 
 
 def wait_up(port: int, timeout_s: float = 30.0) -> None:

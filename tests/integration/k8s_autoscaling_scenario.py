@@ -86,12 +86,6 @@ def config(env: dict[str, str]):
     })
 
 
-def free_port() -> int:
-    from cluster.ports import free_port as outside_the_ephemeral_range
-
-    return outside_the_ephemeral_range()
-
-
 def autoscaler_config(rendered: dict[str, Any], gcs_address: str) -> dict[str, Any]:
     """What KubeRay's autoscaler makes of the rendered cluster, on the fake provider."""
     from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
@@ -191,6 +185,8 @@ def run(workdir: Path) -> dict[str, Any]:
     env = {SYSFS_ROOT_ENV: str(workdir / "sys"), CORES_FILE_ENV: str(workdir / "cores.json")}
     cfg = config(env)
     (rendered,) = render(cfg)[RAYSERVICE_FILE]
+    from cluster.ports import free_port
+
     port = free_port()
     ip = ray._private.services.get_node_ip_address()  # where the head's GCS listens
     scaling = autoscaler_config(rendered, f"{ip}:{port}")
