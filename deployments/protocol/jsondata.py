@@ -156,6 +156,8 @@ def _numbers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndar
 def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np.ndarray:
     types = _leaf_types(data, where)
     wrong = types - _JSON_TYPES[target.kind]
+    if wrong == {float} and target.kind != "f":
+        _check_huge_integers(data, datatype, where)
     if wrong:
         got = ", ".join(sorted(_TYPE_WORDS.get(t, t.__name__) for t in wrong))
         raise InvalidRequest(
@@ -173,6 +175,16 @@ def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np
                 f"{where}: 'data' mixes negative integers with integers >= 2**63, outside "
                 f"the range of {datatype}; use values that fit {datatype}"
             ) from None
+
+
+def _check_huge_integers(data: list, datatype: str, where: str) -> None:
+    """orjson reads an integer past 64 bits as a float: say it is out of range (it is
+    one), not that it has a fraction."""
+    for v in np.array(data, dtype=object).ravel():
+        if type(v) is float and v.is_integer() and abs(v) >= 2**63:
+            raise InvalidRequest(
+                f"{where}: 'data' holds {int(v)}, outside the range of {datatype}; use "
+                f"values that fit {datatype}")
 
 
 def _floats(parsed: np.ndarray, datatype: str, target: np.dtype, where: str) -> np.ndarray:

@@ -4,6 +4,7 @@ never an exception of another kind (a 500), never invalid JSON out."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -79,6 +80,17 @@ def test_fp16_range():
     doc = {"inputs": [{"name": "h", "datatype": "FP16", "shape": [2], "data": [1, 70000]}]}
     with pytest.raises(InvalidRequest, match="70000, outside the range of FP16"):
         parse(json.dumps(doc).encode(), spec=spec)
+    # an integer past 64 bits (orjson reads it as a float) is named, not a fraction
+    for data, words in (([2**64, 1], "holds 18446744073709551616, outside the range of UINT64"),
+                        ([-(2**63) - 1], "holds -9223372036854775808, outside the range"),
+                        ([-1, 2**63], "mixes negative integers with integers >= 2**63"),
+                        ([1, 2.5], "needs integers in 'data', got fractions")):
+        big = {"inputs": [{"name": "u", "datatype": "UINT64", "shape": [len(data)],
+                           "data": data}]}
+        big_spec = ModelSpec("u", inputs=[TensorSpec("u", "UINT64", [-1])],
+                             outputs=[TensorSpec("o", "UINT64", [-1])], max_batch_size=4)
+        with pytest.raises(InvalidRequest, match=re.escape(words)):
+            parse(json.dumps(big).encode(), spec=big_spec)
     # int64's minimum: its np.abs is itself (negative), which once let it through as -inf
     doc["inputs"][0]["data"] = [-(2**63), 1]
     with pytest.raises(InvalidRequest, match="outside the range of FP16"):
