@@ -20,16 +20,16 @@ trap 'rm -f "$lane2_log"' EXIT
 start=$(date +%s)
 took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
 (
-  "$PY" -m pytest -q -p no:cacheprovider tests/unit
+  "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit
   unit_rc=$?
   took "tests/unit"
-  "$PY" -m pytest -q -p no:cacheprovider -m own_ray tests/integration tests/e2e
+  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m own_ray tests/integration tests/e2e
   own_rc=$?
   took "the own-Ray tests"
   [ "$unit_rc" = 0 ] && [ "$own_rc" = 0 ]
 ) >"$lane2_log" 2>&1 &
 lane2=$!
-"$PY" -m pytest -q -m "not own_ray" tests/integration tests/e2e
+"$PY" -m pytest -q --durations=15 -m "not own_ray" tests/integration tests/e2e
 ray_rc=$?
 took "the session-Ray tests"
 "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks

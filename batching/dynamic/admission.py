@@ -6,7 +6,9 @@ work in flight and queued ahead of it in full batches, each taking a replica's s
 a batch's time, exceeds the bound, or its own deadline if that is sooner. A
 burst the replicas can serve inside the bound is accepted whatever its size (the queue's
 count bound is then only a memory guard, far above). A batch's share of time is, best
-first: the measured service rate below; the latency model's prediction for a full batch
+first: the measured service rate below (the wait then adds twice the measured spread of
+that many batches' times, so that batches running a little slow do not carry the last
+request accepted past the bound); the latency model's prediction for a full batch
 over the replicas (the host seeds it with the replicas' warm-up batches, so it has data
 before the first request); with neither, `COLD_BATCH_S` per batch over the replicas.
 What is accepted is served in the queues' order (priority, earliest deadline; a higher
@@ -54,6 +56,8 @@ _WEIGHT = 0.2  # of the newest sample in the weighted means
 # (8 batches per replica). Conservative for fast models (their first batches come back
 # in milliseconds and replace it), optimistic only for models slower than this.
 COLD_BATCH_S = 0.1
+SPREAD_MARGIN = 2.0
+"""How many measured spreads of the batches' time a predicted wait adds (see `wait_s`)."""
 WALK_GAP_PER_ENTRY_S = 30e-6
 """Under overload (the queue holds about the wait bound of work, so `Admission._none_due`
 cannot rule shedding out), `shed` walks the queue at most once per this much time for each
@@ -76,6 +80,7 @@ class ServiceRate:
 
     _cost: float = 0.0  # weighted mean cost of a sample (a full batch)
     _unit_s: float = 0.0  # weighted mean seconds per unit of cost
+    _dev_s: float = 0.0  # weighted mean absolute deviation of a sample's seconds per unit
     samples: int = 0
     _since: float | None = None  # start of the busy stretch the next sample measures
 
@@ -86,6 +91,12 @@ class ServiceRate:
     @property
     def per_s(self) -> float:
         return 1.0 / self._unit_s if self.known else math.inf
+
+    @property
+    def spread_s(self) -> float:
+        """How much one full batch's time strays from the mean (weighted mean absolute
+        deviation), in seconds."""
+        return self._cost * self._dev_s if self.known else 0.0
 
     @property
     def batch_cost(self) -> float:
@@ -108,6 +119,7 @@ class ServiceRate:
             if self.samples == 0:
                 self._cost, self._unit_s = cost, unit
             else:
+                self._dev_s += _WEIGHT * (abs(unit - self._unit_s) - self._dev_s)
                 self._cost += _WEIGHT * (cost - self._cost)
                 self._unit_s += _WEIGHT * (unit - self._unit_s)
             self.samples += 1
@@ -170,13 +182,20 @@ class Admission:
 
     def wait_s(self, work: float, replicas: int) -> float:
         """Predicted wait of a request with `work` ahead of it (the cost in flight and
-        queued before it): that work in full batches (it joins the one not full). Batches
+        queued before it): that work in full batches (it joins the one not full), each
+        taking a batch's share of time, plus `SPREAD_MARGIN` times the measured spread of
+        that many batches' times (independent strays add up as the square root of their
+        number), so that the last request accepted at the bound still starts within it
+        when batches run a little slow, as measured. Batches
         in flight count by their cost: a half-empty one sent into a pipeline slot counts
         half, or a slow model's pipeline full of small batches would fill the bound and
         refuse what would make the next batches full (the prediction is exact again
         once they are, as under overload)."""
         full, each_s, _ = self.batch_share(replicas)
-        return math.floor(work / full + 1e-9) * each_s
+        batches = math.floor(work / full + 1e-9)
+        if batches == 0:
+            return 0.0
+        return batches * each_s + SPREAD_MARGIN * self.rate.spread_s * math.sqrt(batches)
 
     def check(self, entry: Entry, levels: list[LevelQueue], inflight_cost: float,
               cost: float, now: float, replicas: int = 1) -> None:

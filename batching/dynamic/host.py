@@ -200,7 +200,9 @@ class BatchHost(LoopHost[DynamicBatcher]):
             return {}
         full, each_s, basis = admission.batch_share(self.engine.replicas)
         return {"admission": {"max_queue_wait_s": admission.max_wait_s, "full_batch_cost": full,
-                              "batch_share_ms": each_s * 1e3, "basis": basis}}
+                              "batch_share_ms": each_s * 1e3,
+                              "batch_spread_ms": admission.rate.spread_s * 1e3,
+                              "basis": basis}}
 
     # -- the pump: the only place batches are formed ---------------------------------------
     def _free_slots(self) -> int:

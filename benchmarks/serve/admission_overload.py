@@ -13,9 +13,12 @@ Deploys deployments/configs/demo.yaml in a local Ray (its own HTTP server on
    resident memory of the ingress replica (it runs the engine and, in process, the
    model's replicas) before and after.
 
-The client is raw asyncio streams on keep-alive connections with one pre-encoded body:
-aiohttp costs as much CPU per request as the server on these 2 cores, so it could not
-offer the load. Where the client still cannot offer `--multiple` x capacity, the figures
+The client sends one pre-encoded body on keep-alive connections: raw asyncio streams for
+the burst and the capacity, and for the open loop a protocol per connection (no task or
+stream per request), on uvloop: aiohttp costs as much CPU per request as the server on
+these 2 cores, so it could not offer the load, and the client's own lag counts in every
+latency it measures. Latencies are from when a request was due to be sent (an open
+loop's measure: a late send counts), and, beside them, from when its write returned. Where the client still cannot offer `--multiple` x capacity, the figures
 say what it did offer. Hold the machine's Ray lock:
 
     flock /tmp/raybatch-ray.lock timeout 300 .venv/bin/python \\
@@ -114,53 +117,136 @@ async def closed_loop(port: int, data: bytes, clients: int, seconds: float) -> f
     return rate
 
 
-async def open_loop(port: int, data: bytes, rate: float, seconds: float,
-                    conns: list[Conn]) -> dict[str, Any]:
-    """Send at `rate`/s for `seconds`, each on an idle connection; what came back."""
-    idle = list(conns)
-    statuses: Counter = Counter()
-    latencies: list[float] = []
-    retry_after: Counter = Counter()
-    not_sent = 0
-    tasks: set[asyncio.Task] = set()
+class Caller(asyncio.Protocol):
+    """One keep-alive connection of the open loop, as a protocol: a request goes out with
+    one `write`, its response is framed from the bytes as they arrive (status line and
+    Content-Length), timed when its last byte is read. No task, stream or coroutine per
+    request: the client shares the 2 cores with the server, and its own lag counts in
+    every latency it measures."""
 
-    async def one(c: Conn, sent_s: float) -> None:
-        try:
-            status, headers = await c.call(data)
-        except Exception as e:  # a closed connection: counted, not reused
-            statuses[type(e).__name__] += 1
+    def __init__(self, loop_state: OpenLoop) -> None:
+        self.state = loop_state
+        self.transport: Any = None
+        self.buf = bytearray()
+        self.due_s = self.sent_s = 0.0
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def send(self, data: bytes, due_s: float) -> None:
+        self.due_s = due_s
+        self.transport.write(data)
+        self.sent_s = time.monotonic()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
             return
-        statuses[status] += 1
-        if status == 200:
-            latencies.append(time.monotonic() - sent_s)
-        elif "retry-after" in headers:
-            retry_after[headers["retry-after"]] += 1
-        idle.append(c)
+        head = bytes(buf[:end]).lower()
+        length = _field(head, b"content-length")
+        if len(buf) < end + 4 + int(length or 0):
+            return
+        del buf[:end + 4 + int(length or 0)]
+        status = int(head[9:12])
+        retry = _field(head, b"retry-after")
+        self.state.answered(self, status, retry, time.monotonic())
 
-    start = time.monotonic()
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.lost(self, exc)
+
+
+def _field(head: bytes, name: bytes) -> str | None:
+    """A header's value in a lowercased response head, None if it has none."""
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    stop = head.find(b"\r\n", at + 2)
+    return head[at + len(name) + 3:stop if stop >= 0 else len(head)].strip().decode()
+
+
+class OpenLoop:
+    """What the open loop counts, and its idle connections."""
+
+    def __init__(self, conns: list[Caller]) -> None:
+        self.idle = list(conns)
+        self.busy: set[Caller] = set()
+        self.statuses: Counter = Counter()
+        self.latencies: list[float] = []  # from when it was due to be sent
+        self.from_write: list[float] = []  # from when the client's write returned
+        self.retry_after: Counter = Counter()
+
+    def answered(self, c: Caller, status: int, retry: str | None, now: float) -> None:
+        self.busy.discard(c)
+        self.statuses[status] += 1
+        if status == 200:
+            self.latencies.append(now - c.due_s)
+            self.from_write.append(now - c.sent_s)
+        elif retry is not None:
+            self.retry_after[retry] += 1
+        self.idle.append(c)
+
+    def lost(self, c: Caller, exc: Exception | None) -> None:
+        if c in self.busy:  # a connection closed under a request: counted, not reused
+            self.busy.discard(c)
+            self.statuses[type(exc).__name__ if exc else "closed"] += 1
+        if c in self.idle:
+            self.idle.remove(c)
+
+
+async def open_callers(port: int, n: int, state_box: list) -> list[Caller]:
+    loop = asyncio.get_running_loop()
+    out = []
+    for _ in range(n):
+        _, proto = await loop.create_connection(lambda: Caller(state_box[0]),
+                                                "127.0.0.1", port)
+        out.append(proto)
+    return out
+
+
+def _quantiles(xs: list[float]) -> dict[str, float]:
+    lat = np.array(xs) if xs else np.zeros(1)
+    return {q: round(float(np.percentile(lat, p)), 4) for q, p in
+            (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))}
+
+
+async def open_loop(data: bytes, rate: float, seconds: float,
+                    conns: list[Caller]) -> dict[str, Any]:
+    """Send at `rate`/s for `seconds` (what is due, every half millisecond), each on an
+    idle connection; what came back."""
+    state = OpenLoop(conns)
+    for c in conns:
+        c.state = state
+    not_sent = 0
     n = int(rate * seconds)
-    for i in range(n):
-        due = start + i / rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if not idle:
-            not_sent += 1
-            continue
-        task = asyncio.create_task(one(idle.pop(), due))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    start = time.monotonic()
+    i = 0
+    while i < n:
+        now = time.monotonic()
+        due_n = min(n, int((now - start) * rate) + 1)
+        while i < due_n:
+            due = start + i / rate
+            i += 1
+            if not state.idle:
+                not_sent += 1
+                continue
+            c = state.idle.pop()
+            state.busy.add(c)
+            c.send(data, due)
+        await asyncio.sleep(0.0005)
     sent_for_s = time.monotonic() - start
-    if tasks:
-        await asyncio.wait(tasks, timeout=60)
-    lat = np.array(latencies) if latencies else np.zeros(1)
+    end = time.monotonic() + 60
+    while state.busy and time.monotonic() < end:
+        await asyncio.sleep(0.01)
     return {"offered_per_s": rate, "seconds": seconds, "sending_took_s": round(sent_for_s, 2),
             "sent": n - not_sent, "not_sent_no_idle_connection": not_sent,
-            "statuses": {str(k): v for k, v in sorted(statuses.items(), key=str)},
-            "accepted_per_s": round(len(latencies) / seconds, 1),
-            "accepted_latency_s": {q: round(float(np.percentile(lat, p)), 4) for q, p in
-                                   (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))},
-            "retry_after": dict(retry_after)}
+            "unanswered": len(state.busy),
+            "statuses": {str(k): v for k, v in sorted(state.statuses.items(), key=str)},
+            "accepted_per_s": round(len(state.latencies) / seconds, 1),
+            "accepted_latency_s": _quantiles(state.latencies),
+            "accepted_latency_from_write_s": _quantiles(state.from_write),
+            "retry_after": dict(state.retry_after)}
 
 
 # -- the server side -----------------------------------------------------------------------
@@ -249,14 +335,14 @@ async def measure(args: argparse.Namespace, config: Any, handle: Any) -> dict[st
     capacity = await closed_loop(port, data, args.concurrency, 5.0)
     out["capacity_per_s"] = round(capacity, 1)
     rate = args.multiple * capacity
-    conns = await connect(port, args.connections)
-    out["warmup"] = await open_loop(port, data, rate, 5.0, conns)
+    conns = await open_callers(port, args.connections, [OpenLoop([])])
+    out["warmup"] = await open_loop(data, rate, 5.0, conns)
     await asyncio.sleep(2)
     rss_before = rss_mib(pid)
     before = (await handle.status.remote())[args.model]
     timeline: list[dict[str, Any]] = []
     poller = asyncio.create_task(poll(handle, args.model, timeline))
-    out["overload"] = await open_loop(port, data, rate, args.duration, conns)
+    out["overload"] = await open_loop(data, rate, args.duration, conns)
     poller.cancel()
     out["overload"]["engine_timeline"] = timeline
     stats = (await handle.status.remote())[args.model]
@@ -275,7 +361,7 @@ async def measure(args: argparse.Namespace, config: Any, handle: Any) -> dict[st
                      "only_200_and_429": set(out["overload"]["statuses"]) <= {"200", "429"},
                      "memory_flat_32mib": abs(out["rss_mib"]["change"]) <= 32}
     for c in conns:
-        c.writer.close()
+        c.transport.close()
     return out
 
 

@@ -70,6 +70,22 @@ def user_sys_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK, int(fields[12]) / CLOCK
 
 
+def threads_s(pid: int) -> collections.Counter:
+    """User + system CPU seconds of each of the process's threads, summed by thread name
+    (what the process's own loop spends against Ray's and the libraries' threads)."""
+    out: collections.Counter = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = rest.split()
+        name = "main (the event loop)" if tid == str(pid) else head.split("(", 1)[1]
+        out[name] += (int(fields[11]) + int(fields[12])) / CLOCK
+    return out
+
+
 def pids_titled(prefix: str) -> list[int]:
     from benchmarks.serve.drivers import _title, descendants
 
@@ -189,9 +205,12 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
     replicas = pids_titled("ray::ModelReplica")
     await load(1)
     u0, s0 = user_sys_s(ingress)
+    t0 = threads_s(ingress)
     m0 = sum(sum(user_sys_s(p)) for p in replicas)
     r = await load(duration_s)
     u1, s1 = user_sys_s(ingress)
+    threads = threads_s(ingress)
+    threads.subtract(t0)
     m1 = sum(sum(user_sys_s(p)) for p in replicas)
     n = r.requests
     body = path if path in ("handle", "client") else "binary" if binary else "json"
@@ -212,6 +231,8 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
               "ingress_user_us_per_req": (u1 - u0) / n * 1e6,
               "ingress_sys_us_per_req": (s1 - s0) / n * 1e6,
               "model_replica_us_per_req": (m1 - m0) / n * 1e6,
+              "ingress_threads_us_per_req": {k: round(v / n * 1e6, 1) for k, v in
+                                             threads.most_common() if v > 0},
               "client_cpu_us_per_req": r.client_cpu_us_per_req,
               "spied_throughput_rps": spied.throughput_rps,
               "loadavg_1m": os.getloadavg()[0]}
@@ -220,6 +241,8 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             f"{result['ingress_sys_us_per_req']:.0f} us system per request; model replicas "
             f"{result['model_replica_us_per_req']:.0f} us; wrk {r.client_cpu_us_per_req:.0f} "
             f"us; load {result['loadavg_1m']:.2f}")
+    head += "\nby thread (us per request): " + ", ".join(
+        f"{k} {v}" for k, v in result["ingress_threads_us_per_req"].items())
     text = head + "\n" + (summarise(raw) if raw.exists() else "(py-spy wrote nothing)")
     if own_raw.exists():
         text += "\n\n== the client's process (RaybatchClient callers)\n" + summarise(own_raw)

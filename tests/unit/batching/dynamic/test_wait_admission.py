@@ -88,6 +88,31 @@ def test_past_the_bound_it_refuses_with_a_retry_after_from_the_prediction():
     q.submit(req("late"), now=t + 0.5)
 
 
+def test_batches_that_stray_from_their_mean_time_widen_the_predicted_wait():
+    q = engine()
+    t = 0.0
+    for k in range(8):  # full batches of 4, one at a time, alternately 0.2 and 0.3 s
+        for i in range(4):
+            q.submit(req(("w", k, i)), now=t)
+        b = q.next_batch(t, free_replicas=1)
+        t += 0.2 if k % 2 == 0 else 0.3
+        q.complete(b.id, t, compute_s=0.25)
+    _, share_s, basis = q.admission.batch_share(1)
+    spread_s = q.admission.rate.spread_s
+    assert basis == "measured" and 0.24 < share_s < 0.25 and 0.03 < spread_s < 0.06
+    # n batches ahead: n shares, plus twice the spread of n batches (sqrt(n) of one's)
+    for n in range(1, 6):
+        assert q.admission.wait_s(4 * n, 1) == pytest.approx(
+            n * share_s + 2 * spread_s * math.sqrt(n))
+    # 4 batches ahead fit the 1 s bound at the mean (0.98 s) but not with the spread:
+    # requests 17-20 are refused, the 16 before them wait at most 3 batches (0.9 s)
+    assert 4 * share_s <= 1.0
+    assert fill(q, 40, t) == 16
+    with pytest.raises(Overloaded, match=r"would wait about 1\.1\d s \(4 batches ahead"):
+        q.submit(req("late"), now=t)
+    assert q.admission.wait_s(0, 1) == 0.0  # a request that starts the next batch waits none
+
+
 def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
     q = engine()
     t = measured(q, batch_s=0.5)
@@ -273,7 +298,7 @@ def test_the_host_tells_the_engine_how_many_replicas_share_the_wait():
         assert host.engine.replicas == 2
         assert host.stats()["admission"] == {  # what `raybatch status` and the bench show
             "max_queue_wait_s": 1.0, "full_batch_cost": 4.0,
-            "batch_share_ms": pytest.approx(COLD_BATCH_S * 1e3 / 2),
+            "batch_share_ms": pytest.approx(COLD_BATCH_S * 1e3 / 2), "batch_spread_ms": 0.0,
             "basis": "assumed before any batch was timed"}
         host.remove_replica(host.replicas[0])
         assert host.engine.replicas == 1
