@@ -18,7 +18,8 @@ the burst and the capacity, and for the open loop a protocol per connection (no 
 stream per request), on uvloop: aiohttp costs as much CPU per request as the server on
 these 2 cores, so it could not offer the load, and the client's own lag counts in every
 latency it measures. Latencies are from when a request was due to be sent (an open
-loop's measure: a late send counts), and, beside them, from when its write returned. Where the client still cannot offer `--multiple` x capacity, the figures
+loop's measure: a late send counts), and, beside them, from when its write returned.
+Where the client still cannot offer `--multiple` x capacity, the figures
 say what it did offer. Hold the machine's Ray lock:
 
     flock /tmp/raybatch-ray.lock timeout 300 .venv/bin/python \\
