@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import cProfile
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from benchmarks.http.front_path import Stuck, build_app, window_arguments
 from benchmarks.serve.drivers import http_body
 from deployments.heap import freeze_startup_heap
 from deployments.http.connection import FIRST_SLICE, Connection
+from deployments.http.server import TURN_READS, HttpServer
 
 
 class Server:
@@ -40,10 +42,14 @@ class Server:
     max_head_bytes = 2 * max_header_bytes + FIRST_SLICE + 1024
     root_path, header_timeout_s = "", 10.0
 
+    turn_spent, _next_turn = HttpServer.turn_spent, HttpServer._next_turn  # its turns
+
     def __init__(self, app: Any) -> None:
         self._loop = asyncio.get_running_loop()
         self.app, self.quick = app.direct, app.quick  # what the quick lane declines: ASGI
         self.connections: set[Connection] = set()
+        self.turn_reads, self._reads, self._turn_due = TURN_READS, 0, False
+        self._waiting: deque[Connection] = deque()
 
     def admit(self, conn: Connection) -> None:
         self.connections.add(conn)

@@ -71,8 +71,9 @@ def user_sys_s(pid: int) -> tuple[float, float]:
 
 
 def threads_s(pid: int) -> collections.Counter:
-    """User + system CPU seconds of each of the process's threads, summed by thread name
-    (what the process's own loop spends against Ray's and the libraries' threads)."""
+    """User + system CPU seconds of each of the process's threads, by name and thread id
+    (what the process's own loop spends against Ray's and the libraries' threads; threads
+    inherit their creator's name, so the id tells them apart)."""
     out: collections.Counter = collections.Counter()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -81,8 +82,8 @@ def threads_s(pid: int) -> collections.Counter:
         except OSError:  # the thread ended meanwhile
             continue
         fields = rest.split()
-        name = "main (the event loop)" if tid == str(pid) else head.split("(", 1)[1]
-        out[name] += (int(fields[11]) + int(fields[12])) / CLOCK
+        name = "main" if tid == str(pid) else head.split("(", 1)[1]
+        out[f"{name} [{tid}]"] += (int(fields[11]) + int(fields[12])) / CLOCK
     return out
 
 
@@ -242,7 +243,7 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             f"{result['model_replica_us_per_req']:.0f} us; wrk {r.client_cpu_us_per_req:.0f} "
             f"us; load {result['loadavg_1m']:.2f}")
     head += "\nby thread (us per request): " + ", ".join(
-        f"{k} {v}" for k, v in result["ingress_threads_us_per_req"].items())
+        f"{k} {v}" for k, v in list(result["ingress_threads_us_per_req"].items())[:8])
     text = head + "\n" + (summarise(raw) if raw.exists() else "(py-spy wrote nothing)")
     if own_raw.exists():
         text += "\n\n== the client's process (RaybatchClient callers)\n" + summarise(own_raw)

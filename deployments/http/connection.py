@@ -80,6 +80,7 @@ class Connection:
         self.lingering: float | None = None  # when the lingering close gives up
         self.dropped = 0  # bytes read and dropped while lingering
         self.pumping = self.repump = self.in_feed = False
+        self.waiting = False  # its read waits for the loop's next turn (the server's)
 
     @property
     def busy(self) -> bool:
@@ -113,6 +114,9 @@ class Connection:
                 self.close()
             return
         self.inbuf = memoryview(data) if not self.inbuf else bytes(self.inbuf) + data
+        if self.server.turn_spent(self):
+            self._flow()  # parsed at the loop's next turn; the socket is not read meanwhile
+            return
         self.pump()
 
     def eof_received(self) -> bool | None:

@@ -39,6 +39,16 @@ with the ASGI cycle). Anything else, or a body still arriving after the next
 one-second sweep (so `BodyReader`'s stall timeout still applies), goes through the
 ASGI app as before; pipelined requests keep their order across both.
 
+Turns: the loop (uvloop, libuv) runs its ready callbacks between polls of the sockets,
+but one poll goes on while the kernel keeps handing it 1,024 ready sockets at a time (up
+to 48 rounds): under a flood of clients (thousands of connections, each sending its
+next request as soon as it is answered or refused) it parsed and refused requests for
+seconds on end while finished batches, Ray's calls and timers waited, so accepted
+requests were answered 8-9 s late. So a turn of the loop parses at most `TURN_READS`
+reads; past them a connection's bytes are kept unparsed and its socket is not read
+until the next turn, which parses the waiting ones first, oldest first. Under ordinary
+load (fewer ready sockets than that per turn) nothing waits.
+
 `SO_REUSEPORT`: every ingress replica of a node binds the same port and the
 kernel spreads connections across them, as Serve's own proxies do. The kernel
 would as gladly spread them across two different apps of the same user, giving
@@ -52,11 +62,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections import deque
 from typing import Any
 
 from deployments.http.connection import FIRST_SLICE, Connection
 from deployments.http.cycle import READ_BUFFER_BYTES
 from deployments.http.portclaim import claim_port
+
+TURN_READS = 256  # reads parsed in one turn of the event loop; past them, the next turn
 
 
 class HttpServer:
@@ -90,6 +103,10 @@ class HttpServer:
         self.max_unsent_bytes = max_unsent_bytes
         self.max_pipelined = max_pipelined
         self.connections: set[Connection] = set()
+        self.turn_reads = TURN_READS
+        self._reads = 0  # reads parsed in this turn of the loop
+        self._waiting: deque[Connection] = deque()  # connections whose reads wait a turn
+        self._turn_due = False  # `_next_turn` is scheduled
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -169,6 +186,37 @@ class HttpServer:
                 conn.pump()
                 return
         self.connections.add(conn)
+
+    def turn_spent(self, conn: Connection) -> bool:
+        """A read arrived on `conn`: False if this turn of the loop parses it now; True if
+        the turn has parsed `turn_reads` already (or others wait before it): `conn` waits
+        for the next turn (its bytes kept, its socket not read meanwhile)."""
+        if not self._turn_due:
+            self._turn_due = True
+            self._loop.call_soon(self._next_turn)
+        if self._reads < self.turn_reads and not self._waiting:
+            self._reads += 1
+            return False
+        if not conn.waiting:
+            conn.waiting = True
+            self._waiting.append(conn)
+        return True
+
+    def _next_turn(self) -> None:
+        """A new turn of the loop: parse the reads that waited, oldest first, up to the
+        budget; those past it wait for the turn after."""
+        self._turn_due = False
+        self._reads = 0
+        waiting = self._waiting
+        while waiting and self._reads < self.turn_reads:
+            conn = waiting.popleft()
+            conn.waiting = False
+            self._reads += 1
+            if not conn.closed:
+                conn.pump()
+        if self._reads:  # this turn's count is cleared at the next one
+            self._turn_due = True
+            self._loop.call_soon(self._next_turn)
 
     def _sweep(self) -> None:
         """Once a second: close connections idle past `keep_alive_s`; refuse with 408 a

@@ -1,0 +1,98 @@
+"""Raybatch's own HTTP server parses at most `turn_reads` reads per turn of the event loop:
+under a flood of ready sockets the rest wait a turn (their bytes kept, their sockets not
+read), so the loop's other callbacks (finished batches, Ray's calls, timers) still run.
+Over real sockets, on the test's loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from tests.unit.deployments.http.fakes import infer_body, run
+from tests.unit.deployments.http.served import INFER, Served, read_response, request
+
+
+async def _flood(s: Served, clients: int, per_client: int, budget: int) -> tuple[list, Counter]:
+    """`clients` connections each write `per_client` pipelined requests at once; returns
+    the answers per client and how many requests were parsed in each turn of the loop."""
+    s.server.turn_reads = budget
+    loop = asyncio.get_running_loop()
+    turn = 0
+
+    def tick() -> None:  # one call per turn of the loop
+        nonlocal turn
+        turn += 1
+        if running:
+            loop.call_soon(tick)
+
+    parsed: Counter = Counter()
+    lanes = s.server.quick, s.app.direct
+
+    def quick(cycle) -> bool:
+        parsed[turn] += 1
+        return lanes[0](cycle)
+
+    s.server.quick = quick
+    conns = [await s.connect() for _ in range(clients)]
+    running = True
+    tick()
+    for i, (_, w) in enumerate(conns):  # every socket readable at the same poll
+        w.write(b"".join(request("POST", INFER, infer_body([float(i * 10 + k)]))
+                         for k in range(per_client)))
+    answers = []
+    for r, w in conns:
+        answers.append([(await read_response(r)) for _ in range(per_client)])
+        w.close()
+    running = False
+    return answers, parsed
+
+
+@pytest.mark.parametrize("per_client", [1, 3], ids=["one-each", "pipelined"])
+def test_a_flood_is_parsed_a_budget_per_turn_and_every_client_gets_its_own_answers(
+        per_client):
+    async def main():
+        async with Served() as s:
+            return await _flood(s, clients=24, per_client=per_client, budget=3)
+
+    answers, parsed = run(main())
+    assert [[(a.status, a.json()["outputs"][0]["data"]) for a in mine] for mine in answers] \
+        == [[(200, [float((i * 10 + k) ** 2)]) for k in range(per_client)] for i in range(24)]
+    # the budget holds per turn: a turn's own reads plus the waiting ones it parses at its
+    # start, at most twice the budget, each read holding up to `per_client` requests;
+    # and the flood was spread over many turns
+    assert sum(parsed.values()) == 24 * per_client
+    assert max(parsed.values()) <= 2 * 3 * per_client, parsed
+    assert len(parsed) >= 24 / 6, parsed
+
+
+def test_under_the_budget_nothing_waits_a_turn():
+    async def main():
+        async with Served() as s:
+            return await _flood(s, clients=24, per_client=1, budget=256)
+
+    answers, parsed = run(main())
+    assert all(a[0].status == 200 for a in answers)
+    assert len(parsed) == 1, parsed  # all 24 parsed in the turn their bytes came
+
+
+def test_a_client_that_leaves_while_its_read_waits_is_skipped_and_the_rest_answered():
+    async def main():
+        async with Served() as s:
+            s.server.turn_reads = 1
+            conns = [await s.connect() for _ in range(6)]
+            for i, (_, w) in enumerate(conns):
+                w.write(request("POST", INFER, infer_body([float(i)])))
+            conns[4][1].transport.abort()  # gone before its turn
+            out = []
+            for i, (r, w) in enumerate(conns):
+                if i != 4:
+                    out.append((await read_response(r)).json()["outputs"][0]["data"])
+                    w.close()
+            await asyncio.sleep(0.05)
+            return out, len(s.server._waiting), len(s.server.connections)
+
+    out, waiting, left = run(main())
+    assert out == [[0.0], [1.0], [4.0], [9.0], [25.0]]
+    assert waiting == 0 and left <= 1
