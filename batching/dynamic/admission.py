@@ -80,9 +80,12 @@ class ServiceRate:
 
     _cost: float = 0.0  # weighted mean cost of a sample (a full batch)
     _unit_s: float = 0.0  # weighted mean seconds per unit of cost
-    _dev_s: float = 0.0  # weighted mean absolute deviation of a sample's seconds per unit
+    _dev_s: float = 0.0  # weighted mean absolute deviation of a group's seconds per unit
     samples: int = 0
     _since: float | None = None  # start of the busy stretch the next sample measures
+    _group_s: float = 0.0  # the samples of the group under way: their seconds,
+    _group_cost: float = 0.0  # ... their cost,
+    _group_n: int = 0  # ... and how many
 
     @property
     def known(self) -> bool:
@@ -94,8 +97,11 @@ class ServiceRate:
 
     @property
     def spread_s(self) -> float:
-        """How much one full batch's time strays from the mean (weighted mean absolute
-        deviation), in seconds."""
+        """How much one full batch's share of time strays from the mean (weighted mean
+        absolute deviation), in seconds. Measured over groups of as many consecutive
+        samples as there are replicas: with several replicas in parallel, completions
+        come in whatever phase the replicas keep (two close together, then a gap), and a
+        group of one each is what strays only when the batches do."""
         return self._cost * self._dev_s if self.known else 0.0
 
     @property
@@ -110,24 +116,39 @@ class ServiceRate:
         if idle and self._since is None:
             self._since = now
 
-    def completed(self, now: float, cost: float, full: bool, busy: bool) -> None:
+    def completed(self, now: float, cost: float, full: bool, busy: bool,
+                  group: int = 1) -> None:
         """A batch of `cost` came back (`full`: it left full); `busy`: work is still in
-        flight, so the next stretch starts now (else at the next `sent`)."""
+        flight, so the next stretch starts now (else at the next `sent`); `group`: the
+        replicas serving (samples per group of the spread)."""
         since = self._since
         if full and cost > 0 and since is not None and now > since:
-            unit = (now - since) / cost
+            unit, prior = (now - since) / cost, self._unit_s
             if self.samples == 0:
                 self._cost, self._unit_s = cost, unit
             else:
-                self._dev_s += _WEIGHT * (abs(unit - self._unit_s) - self._dev_s)
                 self._cost += _WEIGHT * (cost - self._cost)
                 self._unit_s += _WEIGHT * (unit - self._unit_s)
             self.samples += 1
+            self._group_s += now - since
+            self._group_cost += cost
+            self._group_n += 1
+            if self._group_n >= group:
+                if prior > 0:  # a mean to stray from
+                    strayed = abs(self._group_s / self._group_cost - prior)
+                    self._dev_s += _WEIGHT * (strayed - self._dev_s)
+                self._group_s = self._group_cost = 0.0
+                self._group_n = 0
+        else:  # not a sample: the group under way is broken off
+            self._group_s = self._group_cost = 0.0
+            self._group_n = 0
         self._since = now if busy else None
 
     def failed(self, busy: bool, now: float) -> None:
         """A batch failed: no sample (a crash says nothing about the rate)."""
         self._since = now if busy else None
+        self._group_s = self._group_cost = 0.0
+        self._group_n = 0
 
     def finish_s(self, now: float, work: float, batch_s: float = 0.0) -> float:
         """When the last of `work` ends (cost: what is in flight, what is served before a

@@ -190,7 +190,7 @@ class DynamicBatcher:
             else:
                 full = (batch.num_items >= self.policy.max_batch_size
                         or batch.cost >= self._max_cost - 1e-9)
-                rate.completed(now, batch.cost, full, busy)
+                rate.completed(now, batch.cost, full, busy, max(self.replicas, 1))
             self._shed_due = True
         if not failed:
             latency_s = compute_s if compute_s is not None else now - batch.created_s

@@ -113,6 +113,30 @@ def test_batches_that_stray_from_their_mean_time_widen_the_predicted_wait():
     assert q.admission.wait_s(0, 1) == 0.0  # a request that starts the next batch waits none
 
 
+def test_two_replicas_out_of_phase_are_not_counted_as_batches_that_stray():
+    """Two replicas, each taking exactly 66 ms a batch, finish 10 ms apart: the gaps
+    between completions alternate 56 and 10 ms. Measured one by one they would stray by
+    ~23 ms; in groups of one per replica (the engine's replica count) they do not."""
+    def spread(replicas: int) -> float:
+        q = engine()
+        q.replicas = replicas
+        for i in range(8):
+            q.submit(req(("w", i)), now=0.0)
+        running = {"a": q.next_batch(0.0, free_replicas=2),
+                   "b": q.next_batch(0.0, free_replicas=1)}
+        ends = sorted([(k * 0.066 + 0.056, "a") for k in range(1, 40)]
+                      + [(k * 0.066 + 0.066, "b") for k in range(1, 40)])
+        for n, (t, replica) in enumerate(ends):
+            q.complete(running[replica].id, t, compute_s=0.066)
+            for i in range(4):
+                q.submit(req(("n", n, i)), now=t)
+            running[replica] = q.next_batch(t, free_replicas=1)
+        return q.admission.rate.spread_s
+
+    assert spread(1) > 0.02
+    assert spread(2) < 0.15 * spread(1)
+
+
 def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
     q = engine()
     t = measured(q, batch_s=0.5)
