@@ -79,13 +79,14 @@ class ServiceRate:
     """
 
     _cost: float = 0.0  # weighted mean cost of a sample (a full batch)
-    _unit_s: float = 0.0  # weighted mean seconds per unit of cost
+    _unit_s: float = 0.0  # weighted mean seconds per unit of cost (of groups, see below)
     _dev_s: float = 0.0  # weighted mean absolute deviation of a group's seconds per unit
     samples: int = 0
     _since: float | None = None  # start of the busy stretch the next sample measures
     _group_s: float = 0.0  # the samples of the group under way: their seconds,
     _group_cost: float = 0.0  # ... their cost,
     _group_n: int = 0  # ... and how many
+    _groups: int = 0  # whole groups measured
 
     @property
     def known(self) -> bool:
@@ -98,10 +99,7 @@ class ServiceRate:
     @property
     def spread_s(self) -> float:
         """How much one full batch's share of time strays from the mean (weighted mean
-        absolute deviation), in seconds. Measured over groups of as many consecutive
-        samples as there are replicas: with several replicas in parallel, completions
-        come in whatever phase the replicas keep (two close together, then a gap), and a
-        group of one each is what strays only when the batches do."""
+        absolute deviation of the groups in `completed`), in seconds."""
         return self._cost * self._dev_s if self.known else 0.0
 
     @property
@@ -120,25 +118,29 @@ class ServiceRate:
                   group: int = 1) -> None:
         """A batch of `cost` came back (`full`: it left full); `busy`: work is still in
         flight, so the next stretch starts now (else at the next `sent`); `group`: the
-        replicas serving (samples per group of the spread)."""
+        replicas serving. Samples are taken in groups of one per replica: replicas in
+        parallel finish in whatever phase they keep (two close together, then a gap),
+        and the time of a group is what that phase does not bias."""
         since = self._since
         if full and cost > 0 and since is not None and now > since:
-            unit, prior = (now - since) / cost, self._unit_s
-            if self.samples == 0:
-                self._cost, self._unit_s = cost, unit
+            if self.samples == 0:  # a rate at once (the first group replaces it)
+                self._cost, self._unit_s = cost, (now - since) / cost
             else:
                 self._cost += _WEIGHT * (cost - self._cost)
-                self._unit_s += _WEIGHT * (unit - self._unit_s)
-            self.samples += 1
             self._group_s += now - since
             self._group_cost += cost
             self._group_n += 1
             if self._group_n >= group:
-                if prior > 0:  # a mean to stray from
-                    strayed = abs(self._group_s / self._group_cost - prior)
-                    self._dev_s += _WEIGHT * (strayed - self._dev_s)
+                unit = self._group_s / self._group_cost
+                if self._groups == 0:
+                    self._unit_s = unit
+                else:
+                    self._dev_s += _WEIGHT * (abs(unit - self._unit_s) - self._dev_s)
+                    self._unit_s += _WEIGHT * (unit - self._unit_s)
+                self._groups += 1
                 self._group_s = self._group_cost = 0.0
                 self._group_n = 0
+            self.samples += 1
         else:  # not a sample: the group under way is broken off
             self._group_s = self._group_cost = 0.0
             self._group_n = 0

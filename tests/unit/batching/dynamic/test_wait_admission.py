@@ -116,8 +116,9 @@ def test_batches_that_stray_from_their_mean_time_widen_the_predicted_wait():
 def test_two_replicas_out_of_phase_are_not_counted_as_batches_that_stray():
     """Two replicas, each taking exactly 66 ms a batch, finish 10 ms apart: the gaps
     between completions alternate 56 and 10 ms. Measured one by one they would stray by
-    ~23 ms; in groups of one per replica (the engine's replica count) they do not."""
-    def spread(replicas: int) -> float:
+    ~23 ms, and their weighted mean leans to the last gaps; in groups of one per replica
+    (the engine's replica count) they do not stray, and a batch's share is its 33 ms."""
+    def measure(replicas: int) -> tuple[float, float]:
         q = engine()
         q.replicas = replicas
         for i in range(8):
@@ -131,10 +132,12 @@ def test_two_replicas_out_of_phase_are_not_counted_as_batches_that_stray():
             for i in range(4):
                 q.submit(req(("n", n, i)), now=t)
             running[replica] = q.next_batch(t, free_replicas=1)
-        return q.admission.rate.spread_s
+        return q.admission.batch_share(replicas)[1], q.admission.rate.spread_s
 
-    assert spread(1) > 0.02
-    assert spread(2) < 0.15 * spread(1)
+    (share_1, spread_1), (share_2, spread_2) = measure(1), measure(2)
+    assert spread_1 > 0.02 and spread_2 < 0.15 * spread_1
+    assert share_2 == pytest.approx(0.033, rel=0.01)
+    assert share_1 != pytest.approx(0.033, rel=0.05)
 
 
 def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
