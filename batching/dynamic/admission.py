@@ -34,8 +34,11 @@ The rate: each batch that left full (`max_batch_size` items or `max_batch_cost`)
 and completed while work was in flight, or a full batch queued, ever since the previous
 completion (or since it was sent, after an idle spell) is one sample, its cost over that
 time (so a host slow to send what is queued, e.g. an event loop busy answering, is
-measured as the slower service it is); the rate
-is the ratio of the samples' exponentially weighted means. Batches sent half empty
+measured as the slower service it is); samples are taken in groups of one per replica
+(replicas in parallel finish in whatever phase they keep: two close together, then a
+gap), and the rate is the exponentially weighted mean of the groups' cost over time (the
+first sample gives one at once); their weighted mean absolute deviation is the spread
+the wait bound adds. Batches sent half empty
 (light load) say how much work there was, not how much could be done: they are not
 samples. Until the first sample the deadline checks predict nothing (the wait bound
 has its fallbacks). Pure: every call is handed `now`.
