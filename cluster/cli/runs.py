@@ -133,13 +133,24 @@ def end(procs: list[psutil.Process], grace_s: float = 2.0) -> None:
             return
 
 
-def kill_now(run_id: str) -> None:
-    """SIGKILL every process of `run_id` at once (a second Ctrl-C)."""
-    for p in processes_of(run_id):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+RESCAN_S = 1.0  # how long the run's processes are looked for again after a kill
+
+
+def kill_now(run_id: str, rescan_s: float = RESCAN_S) -> None:
+    """SIGKILL every process of `run_id` at once (a second Ctrl-C), and whatever they
+    started meanwhile: a process spawned between the scan and the kill (Serve's HAProxy,
+    started by its controller while it deployed) was left holding its ports. Looks again
+    until none is found or `rescan_s` passed."""
+    deadline = time.monotonic() + rescan_s
+    while procs := processes_of(run_id):
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def clean_dead_runs() -> list[str]:
@@ -152,6 +163,7 @@ def clean_dead_runs() -> list[str]:
         procs = processes_of(run.run_id)
         ended += [describe(p) for p in procs]
         end(procs)
+        kill_now(run.run_id)  # any it started while they were ending
         run.forget()
     return ended
 
@@ -211,6 +223,7 @@ def down(args: object) -> int:
         for p in procs:
             print(f"  ending {describe(p)}", flush=True)
         end(procs)
+        kill_now(run.run_id)  # any it started while they were ending
         run.forget()
     print(f"raybatch down: {len(found)} run(s) ended" if found else
           f"raybatch down: no run recorded in {state_dir()}", flush=True)

@@ -120,6 +120,7 @@ def world(tmp_path: Path):
             up.kill()
     for run in runs.runs():  # never another test's, nor a user's: this state folder only
         runs.end(runs.processes_of(run.run_id), grace_s=1)
+        runs.kill_now(run.run_id, rescan_s=5.0)  # and whatever they started meanwhile
     if old is None:
         os.environ.pop(runs.STATE_DIR_ENV)
     else:
@@ -163,8 +164,11 @@ def test_ctrl_c_stops_an_idle_up_within_its_bound_and_leaves_nothing(world):
 
 
 def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world):
+    from cluster.cli import runs
+
     up = start(world)
     up.wait_for("deploying")
+    [run] = runs.runs()
     up.ctrl_c()
     up.wait_for("Ctrl-C again to stop at once")
     t0 = time.monotonic()
@@ -174,6 +178,9 @@ def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world):
     assert "stopping at once" in up.text()
     time.sleep(1)
     assert not left_behind()
+    # nor anything the run started while it was being killed (its record is gone, so
+    # nothing would find such a process later)
+    assert not [runs.describe(p) for p in runs.processes_of(run.run_id)]
 
 
 HOLD_PORT = """
