@@ -64,10 +64,16 @@ GROUPS = (
 )
 
 
+def _stat(path: str) -> tuple[str, float, float]:
+    """(name, user s, system s) of a process or thread from its /proc stat file."""
+    with open(path) as f:
+        head, rest = f.read().rsplit(")", 1)
+    fields = rest.split()
+    return head.split("(", 1)[1], int(fields[11]) / CLOCK, int(fields[12]) / CLOCK
+
+
 def user_sys_s(pid: int) -> tuple[float, float]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / CLOCK, int(fields[12]) / CLOCK
+    return _stat(f"/proc/{pid}/stat")[1:]
 
 
 def threads_s(pid: int) -> collections.Counter:
@@ -77,13 +83,10 @@ def threads_s(pid: int) -> collections.Counter:
     out: collections.Counter = collections.Counter()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                head, rest = f.read().rsplit(")", 1)
+            name, user_s, sys_s = _stat(f"/proc/{pid}/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile
             continue
-        fields = rest.split()
-        name = "main" if tid == str(pid) else head.split("(", 1)[1]
-        out[f"{name} [{tid}]"] += (int(fields[11]) + int(fields[12])) / CLOCK
+        out[f"{'main' if tid == str(pid) else name} [{tid}]"] += user_s + sys_s
     return out
 
 

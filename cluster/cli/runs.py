@@ -153,6 +153,14 @@ def kill_now(run_id: str, rescan_s: float = RESCAN_S) -> None:
         time.sleep(0.05)
 
 
+def end_run(run_id: str, procs: list[psutil.Process] | None = None,
+            grace_s: float = 2.0) -> None:
+    """End the processes of `run_id` (`procs` if already found) as `end` does, then
+    whatever they started while they were ending (`kill_now`)."""
+    end(processes_of(run_id) if procs is None else procs, grace_s)
+    kill_now(run_id)
+
+
 def clean_dead_runs() -> list[str]:
     """End the processes of every recorded run whose `up` is gone, and forget the run.
     Returns what was ended, for the user."""
@@ -162,8 +170,7 @@ def clean_dead_runs() -> list[str]:
             continue
         procs = processes_of(run.run_id)
         ended += [describe(p) for p in procs]
-        end(procs)
-        kill_now(run.run_id)  # any it started while they were ending
+        end_run(run.run_id, procs)
         run.forget()
     return ended
 
@@ -222,8 +229,7 @@ def down(args: object) -> int:
         procs = processes_of(run.run_id)
         for p in procs:
             print(f"  ending {describe(p)}", flush=True)
-        end(procs)
-        kill_now(run.run_id)  # any it started while they were ending
+        end_run(run.run_id, procs)
         run.forget()
     print(f"raybatch down: {len(found)} run(s) ended" if found else
           f"raybatch down: no run recorded in {state_dir()}", flush=True)

@@ -232,5 +232,5 @@ def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
 def _end_leftovers(stopper: Stopper) -> None:
     """End whatever Ray left of this run (its agents, HAProxy) and forget the run."""
     if stopper.run is not None:
-        runs.end(runs.processes_of(stopper.run.run_id), grace_s=1.0)
+        runs.end_run(stopper.run.run_id, grace_s=1.0)
         stopper.run.forget()

@@ -180,13 +180,12 @@ def run(workdir: Path) -> dict[str, Any]:
 
     from cluster.k8s.manifests import RAYSERVICE_FILE, render
     from cluster.pinning import CORES_FILE_ENV, SYSFS_ROOT_ENV
+    from cluster.ports import free_port
 
     fake_sysfs(workdir / "sys")
     env = {SYSFS_ROOT_ENV: str(workdir / "sys"), CORES_FILE_ENV: str(workdir / "cores.json")}
     cfg = config(env)
     (rendered,) = render(cfg)[RAYSERVICE_FILE]
-    from cluster.ports import free_port
-
     port = free_port()
     ip = ray._private.services.get_node_ip_address()  # where the head's GCS listens
     scaling = autoscaler_config(rendered, f"{ip}:{port}")

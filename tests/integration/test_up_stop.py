@@ -119,8 +119,7 @@ def world(tmp_path: Path):
         if up.proc.poll() is None:
             up.kill()
     for run in runs.runs():  # never another test's, nor a user's: this state folder only
-        runs.end(runs.processes_of(run.run_id), grace_s=1)
-        runs.kill_now(run.run_id, rescan_s=5.0)  # and whatever they started meanwhile
+        runs.end_run(run.run_id, grace_s=1)  # and whatever they started meanwhile
     if old is None:
         os.environ.pop(runs.STATE_DIR_ENV)
     else:
