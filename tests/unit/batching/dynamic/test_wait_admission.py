@@ -140,23 +140,6 @@ def test_two_replicas_out_of_phase_are_not_counted_as_batches_that_stray():
     assert share_1 != pytest.approx(0.033, rel=0.05)
 
 
-def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
-    q = engine()
-    t = measured(q, batch_s=0.5)
-    assert fill(q, 12, t) == 12  # the last 4 start in 1.0 s at 0.5 s a batch
-    a = q.next_batch(t, free_replicas=2)
-    q.next_batch(t, free_replicas=1)
-    # the first batch took 2 s: a full batch now adds 0.8 s (weighted in), so the 4
-    # queued would start at t + 2.8 s, past t + 1 s and a batch: shed before they run
-    q.complete(a.id, t + 2.0, compute_s=2.0)
-    assert q.next_batch(t + 2.0, free_replicas=1) is None
-    shed = q.take_failures()
-    assert sorted(f.request_id[-1] for f in shed) == [8, 9, 10, 11]
-    assert all(isinstance(f.error, Overloaded) and "slowed" in str(f.error) for f in shed)
-    assert q.queued_requests == 0
-    assert q.admission.wait_refusals == 4  # shed at the bound: demand past the replicas
-
-
 def test_a_deadline_sooner_than_the_bound_is_the_bound():
     q = engine(deadline_admission=False)  # the wait bound alone
     t = measured(q, batch_s=0.5)
