@@ -21,9 +21,21 @@ from batching import (
     Request,
     TimeoutAction,
 )
+from batching.dynamic import admission
 from batching.dynamic.admission import COLD_BATCH_S
 from tests.unit.batching.dynamic.test_admission import req
 from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
+
+REAL_UNSEEN_S = admission.UNSEEN_S
+
+
+@pytest.fixture(autouse=True, scope="module")
+def nothing_unseen():
+    """A fake clock has no time the engine does not see: `UNSEEN_S` is 0 here, so that
+    the waits below are exact; its own test puts it back."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(admission, "UNSEEN_S", 0.0)
+        yield
 
 
 def engine(batch: int = 4, wait_s: float | None = 1.0, **policy) -> DynamicBatcher:
@@ -111,6 +123,20 @@ def test_batches_that_stray_from_their_mean_time_widen_the_predicted_wait():
     with pytest.raises(Overloaded, match=r"would wait about 1\.1\d s \(4 batches ahead"):
         q.submit(req("late"), now=t)
     assert q.admission.wait_s(0, 1) == 0.0  # a request that starts the next batch waits none
+
+
+def test_a_wait_keeps_room_for_the_time_the_engine_does_not_see(monkeypatch):
+    """`UNSEEN_S` (a request's reading and its answer's way back) is added to a wait at
+    the door: a request whose batches ahead end exactly at the bound is refused, since
+    its client would see it past the bound and its batch. Shedding goes without it."""
+    monkeypatch.setattr(admission, "UNSEEN_S", REAL_UNSEEN_S)
+    assert 0 < REAL_UNSEEN_S < 0.05
+    q = engine()
+    t = measured(q, batch_s=0.5)  # no spread: each batch took 0.5 s
+    assert q.admission.wait_s(8, 1) == pytest.approx(1.0 + REAL_UNSEEN_S)
+    assert q.admission.wait_s(8, 1, margin=False) == pytest.approx(1.0)
+    assert q.admission.wait_s(0, 1) == 0.0  # it starts the next batch: no wait at all
+    assert fill(q, 12, t) == 8  # the 9th would start at the bound: refused
 
 
 def test_two_replicas_out_of_phase_are_not_counted_as_batches_that_stray():

@@ -10,7 +10,12 @@ import pytest
 
 from batching import Overloaded
 from tests.unit.batching.dynamic.test_admission import req
-from tests.unit.batching.dynamic.test_wait_admission import engine, fill, measured
+from tests.unit.batching.dynamic.test_wait_admission import (  # noqa: F401 (a fixture)
+    engine,
+    fill,
+    measured,
+    nothing_unseen,
+)
 
 
 def test_accepted_requests_are_shed_when_the_service_slows_past_their_bound():
