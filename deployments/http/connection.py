@@ -114,8 +114,9 @@ class Connection:
                 self.close()
             return
         self.inbuf = memoryview(data) if not self.inbuf else bytes(self.inbuf) + data
-        if self.server.turn_spent(self):
-            self._flow()  # parsed at the loop's next turn; the socket is not read meanwhile
+        if self.server.turn_spent(self):  # parsed at the loop's next turn
+            if len(self.inbuf) > READ_BUFFER_BYTES:
+                self._flow()  # past a buffer's worth, the socket is not read meanwhile
             return
         self.pump()
 

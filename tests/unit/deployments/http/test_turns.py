@@ -10,6 +10,8 @@ from collections import Counter
 
 import pytest
 
+from deployments.http.connection import Connection
+from deployments.http.cycle import READ_BUFFER_BYTES
 from tests.unit.deployments.http.fakes import infer_body, run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
@@ -96,3 +98,38 @@ def test_a_client_that_leaves_while_its_read_waits_is_skipped_and_the_rest_answe
     out, waiting, left = run(main())
     assert out == [[0.0], [1.0], [4.0], [9.0], [25.0]]
     assert waiting == 0 and left <= 1
+
+
+def test_a_connection_waiting_its_turn_is_read_only_up_to_a_buffer_of_bytes(monkeypatch):
+    """A waiting connection's socket is still read (no system call per wait), but once
+    its kept bytes pass `READ_BUFFER_BYTES` it is not read until its turn: 30 clients
+    each pipelining ~400 KB with a budget of one read a turn hold at most that and one
+    read each, and every client gets its own answers."""
+    kept: list[int] = []
+    received = Connection.data_received
+
+    def spy(self, data):
+        received(self, data)
+        if self.waiting:
+            kept.append(len(self.inbuf))
+
+    monkeypatch.setattr(Connection, "data_received", spy)
+    xs = [float(k) for k in range(1000)]
+    body = infer_body(xs)
+    per_client = 400_000 // len(body) + 1
+
+    async def main():
+        async with Served() as s:
+            s.server.turn_reads = 1
+            conns = [await s.connect() for _ in range(30)]
+            for _, w in conns:
+                w.write(request("POST", INFER, body) * per_client)
+            answers = []
+            for r, w in conns:
+                answers.append([(await read_response(r)).status for _ in range(per_client)])
+                w.close()
+            return answers
+
+    answers = run(main())
+    assert answers == [[200] * per_client] * 30
+    assert kept and max(kept) <= READ_BUFFER_BYTES + 256 * 2**10, max(kept)
