@@ -1,6 +1,7 @@
 """Raybatch's own HTTP server parses at most `turn_reads` reads per turn of the event loop:
 under a flood of ready sockets the rest wait a turn (their bytes kept, their sockets not
-read), so the loop's other callbacks (finished batches, Ray's calls, timers) still run.
+read past a buffer's worth), so the loop's other callbacks (finished batches, Ray's calls,
+timers) still run.
 Over real sockets, on the test's loop."""
 
 from __future__ import annotations
