@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 def config(inflight: int) -> ModelConfig:
     return ModelConfig(
         name="readahead", transformer="tests.models:ReadWhileRunning",
-        init_kwargs={"delay_ms": 300},
+        # long enough that the second batch, sent 50 ms in, arrives while the first runs
+        # on a loaded machine too (at 300 ms, with a load average of 16, it did not)
+        init_kwargs={"delay_ms": 1500},
         inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
         outputs=[{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
         batching={"max_batch_size": 8, "max_queue_delay_s": 0.0},
@@ -38,7 +40,7 @@ def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
     async def main():
         await client.info()  # ready
         first = asyncio.ensure_future(client.run([Marked(1.0), Marked(2.0)]))
-        await asyncio.sleep(0.05)  # the first runs (300 ms) when the second is sent
+        await asyncio.sleep(0.05)  # the first runs (1.5 s) when the second is sent
         second = asyncio.ensure_future(client.run([Marked(3.0)]))
         third_after = await first
         return third_after, await second
