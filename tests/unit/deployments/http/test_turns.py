@@ -134,3 +134,31 @@ def test_a_connection_waiting_its_turn_is_read_only_up_to_a_buffer_of_bytes(monk
     answers = run(main())
     assert answers == [[200] * per_client] * 30
     assert kept and max(kept) <= READ_BUFFER_BYTES + 256 * 2**10, max(kept)
+
+
+def test_clients_that_half_close_while_their_reads_wait_still_get_every_answer():
+    """A waiting connection's socket is still read, so its client's half-close can come
+    before its turn: what it sent whole is answered, in order, and a request cut short
+    gets its error, not another client's answer or a hang."""
+    async def main():
+        async with Served() as s:
+            s.server.turn_reads = 1
+            conns = [await s.connect() for _ in range(20)]
+            for i, (_, w) in enumerate(conns):
+                w.write(b"".join(request("POST", INFER, infer_body([float(i * 10 + k)]))
+                                 for k in range(3)))
+                if i % 2:  # and half of a fourth request
+                    w.write(request("POST", INFER, infer_body([1.0]))[:40])
+                w.write_eof()
+            answers = []
+            for r, w in conns:
+                answers.append([await read_response(r) for _ in range(3)])
+                answers[-1].append(await r.read())  # the rest, until the server closes
+                w.close()
+            return answers
+
+    answers = run(main())
+    for i, (*mine, rest) in enumerate(answers):
+        assert [(a.status, a.json()["outputs"][0]["data"]) for a in mine] == \
+            [(200, [float((i * 10 + k) ** 2)]) for k in range(3)]
+        assert rest == b"" or rest.startswith(b"HTTP/1.1 400"), rest[:80]
