@@ -14,7 +14,7 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
 SYSDEPS := prometheus wrk
 
-$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c
+$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/_front.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

@@ -1,8 +1,12 @@
-"""The one compiled part, optional: where no C compiler is, the install goes on without it
-and the Python path it speeds up runs instead (deployments/protocol/_jsonfast.c)."""
+"""The compiled parts, optional: where no C compiler is, the install goes on without them
+and the Python paths they speed up run instead (deployments/protocol/_jsonfast.c, the
+JSON tensor reader; deployments/http/_front.c, the native front of the HTTP server)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("deployments.protocol._jsonfast",
-                             ["deployments/protocol/_jsonfast.c"],
-                             extra_compile_args=["-O2"], optional=True)])
+setup(ext_modules=[
+    Extension("deployments.protocol._jsonfast", ["deployments/protocol/_jsonfast.c"],
+              extra_compile_args=["-O2"], optional=True),
+    Extension("deployments.http._front", ["deployments/http/_front.c"],
+              extra_compile_args=["-O2", "-Wall"], optional=True),
+])

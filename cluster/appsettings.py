@@ -59,6 +59,11 @@ class IngressConfig(BaseModel):
     third less CPU per request than uvicorn under Serve; it bypasses Serve's proxy and
     HAProxy (the kernel spreads connections across a node's replicas). None: Serve's
     front only."""
+    native_front: bool = True
+    """Own HTTP server: its sockets on a native thread (`deployments.http.front`), and the
+    binary infer requests it has answered before queued there and handed to the engine in
+    blocks, with Python entered per block, not per request. False (or where the C part was
+    not compiled): the Python server alone. Same answers and errors either way."""
     keep_alive_s: float = Field(default=75.0, gt=0)
     """Own HTTP server: a connection with no request under way for this long is closed."""
     header_timeout_s: float = Field(default=10.0, gt=0)

@@ -31,6 +31,8 @@ from deployments.backends import batcher_actor_name, make_backend
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
+from deployments.http.front import FrontServer
+from deployments.http.front import available as front_available
 from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
@@ -188,9 +190,13 @@ class Ingress(GrpcIngress):
         mount(self.http, ingress.route_prefix)
         if ingress.native_port is not None and self.native is None:
             # Raybatch's own HTTP server on this replica's loop (deployments.http.server)
-            self.native = HttpServer.from_config(self.http.direct, ingress,
-                                                 owner=self.config.app_name,
-                                                 quick=self.http.quick)
+            if ingress.native_front and front_available():
+                self.native = FrontServer.from_config(self.http, ingress,
+                                                      owner=self.config.app_name)
+            else:
+                self.native = HttpServer.from_config(self.http.direct, ingress,
+                                                     owner=self.config.app_name,
+                                                     quick=self.http.quick)
             await self.native.start()
         metrics = self.config.metrics
         if metrics.enabled and self._http_export is None:  # raybatch_http_requests_total

@@ -52,6 +52,8 @@ LINGER_BYTES = 4 * 2**20  # ... and how much of it
 class Connection:
     """One client connection: the parser, the queue of requests, the write gate."""
 
+    cycle_class = Cycle  # what carries each request (the native front's learns from it)
+
     def __init__(self, server: Any) -> None:
         self.server = server
         self.loop = server._loop
@@ -268,7 +270,7 @@ class Connection:
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii", "replace")
         headers = self.headers
-        cycle = Cycle(self, None, parser.should_keep_alive())
+        cycle = self.cycle_class(self, None, parser.should_keep_alive())
         expect, length, chunked = framing(version, method, headers)
         if expect and version == "1.1":
             cycle.expect_100 = True  # never a 1xx to an HTTP/1.0 client (RFC 9110 15.2)

@@ -128,6 +128,13 @@ class HttpServer:
     async def start(self) -> None:
         """Bind and listen; `port` 0 takes a free port (read `self.port` after)."""
         self._loop = loop = asyncio.get_running_loop()
+        sock = self._bind()
+        self._server = await loop.create_server(lambda: Connection(self), sock=sock,
+                                                backlog=2048)
+        self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def _bind(self) -> socket.socket:
+        """The listening socket (the port claimed first, with `reuse_port`)."""
         if self.reuse_port and self.port and self.owner is not None:
             claim_port(self.port, self.owner)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -144,9 +151,7 @@ class HttpServer:
                                "another ingress.native_port, or null to serve through Serve "
                                "only") from e
         self.port = sock.getsockname()[1]
-        self._server = await loop.create_server(lambda: Connection(self), sock=sock,
-                                                backlog=2048)
-        self._sweeper = loop.call_later(1.0, self._sweep)
+        return sock
 
     def close(self) -> None:
         """Stop accepting; requests in progress go on (see `stop`)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
+from deployments.http.front import FrontServer, available
 from deployments.http.server import HttpServer
 from tests.unit.deployments.http.fakes import make_app
 
@@ -57,11 +59,17 @@ async def read_response(reader: asyncio.StreamReader, head: bool = False) -> Res
 class Served:
     """An app on a real HttpServer, on the test's loop."""
 
-    def __init__(self, quick: bool = True, **limits) -> None:
+    def __init__(self, quick: bool = True, front: bool | None = None, **limits) -> None:
         self.app, self.backend = make_app(**limits)
-        self.server = HttpServer(self.app.direct, port=0, reuse_port=False,
-                                 max_header_bytes=limits.get("max_header_bytes", 16 * 1024),
-                                 quick=self.app.quick if quick else None)
+        if front is None:  # RAYBATCH_TEST_FRONT=1 runs every server test on the front
+            front = os.environ.get("RAYBATCH_TEST_FRONT") == "1" and available() and quick
+        size = limits.get("max_header_bytes", 16 * 1024)
+        if front:
+            self.server = FrontServer(self.app, port=0, reuse_port=False, max_header_bytes=size)
+        else:
+            self.server = HttpServer(self.app.direct, port=0, reuse_port=False,
+                                     max_header_bytes=size,
+                                     quick=self.app.quick if quick else None)
 
     async def __aenter__(self) -> Served:
         await self.server.start()

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.http.front import FrontServer, available
 from deployments.http.server import HttpServer
 from tests.unit.deployments.http.fakes import make_app
 
@@ -47,8 +49,11 @@ class ServerThread:
     """The server on a loop of its own thread: `with ServerThread() as s: s.port`."""
 
     def __init__(self, app: str = "oip", quick: bool = True, limits: dict | None = None,
-                 **server: Any) -> None:
+                 front: bool | None = None, **server: Any) -> None:
         self.kind, self.quick, self.limits, self.server_kwargs = app, quick, limits or {}, server
+        if front is None:  # RAYBATCH_TEST_FRONT=1 runs every server test on the front
+            front = os.environ.get("RAYBATCH_TEST_FRONT") == "1" and available()
+        self.front = front
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: HttpServer | None = None
@@ -71,8 +76,12 @@ class ServerThread:
             app, quick = self.app.direct, self.app.quick if self.quick else None
         else:
             app, quick = echo_app, None
-        self.server = HttpServer(app, port=0, reuse_port=False, quick=quick,
-                                 **self.server_kwargs)
+        if self.front:
+            self.server = FrontServer(self.app if self.kind == "oip" and self.quick else app,
+                                      port=0, reuse_port=False, **self.server_kwargs)
+        else:
+            self.server = HttpServer(app, port=0, reuse_port=False, quick=quick,
+                                     **self.server_kwargs)
         await self.server.start()
 
     def call(self, fn: Any, timeout_s: float = 10.0) -> Any:

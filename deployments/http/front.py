@@ -1,0 +1,276 @@
+"""The native front: Raybatch's HTTP server with its sockets on a native thread, and the
+common infer request queued there and handed to the engine in blocks.
+
+Why: the Python server (`deployments.http.server`) spends ~130 us of its process's one
+GIL on each binary infer request; Triton and mosec parse and queue on native threads and
+enter Python once per batch, and serve 1.1-3.5x more on the same cores. `_front.c` (its
+note says how) owns every socket. What this module adds:
+
+- **Plans learned from the Python server.** A binary infer request that the Python
+  server's quick lane answered with 200 leaves a plan (`deployments.protocol.plans`: its
+  header parsed and checked once); the front is told its target and header bytes, and
+  from then on queues requests with those exact bytes itself. Only plans whose request
+  the engine takes as plain items are told: one input, a batch dim, no priority,
+  timeout or sequence parameters.
+- **Blocks.** What the front queued is taken in one call per wake-up; each plan's
+  requests become one engine request per block of at most the model's max batch size
+  (their tensors are already one contiguous buffer), and the block's answer goes back in
+  one call: every request gets the JSON header the Python path would write (made once
+  per block) and its own rows of each output. An error (a 429 at admission, a model
+  error) is the same answer to each request of the block.
+- **Python mode.** Everything else is the Python server's: the front hands such a
+  connection's unparsed bytes to a `Connection` over a transport of the front's
+  (`_Transport`), which reads and writes through the front's thread; when it is idle
+  again (no request under way, nothing buffered, no close asked) the front takes it back.
+
+What a client sees is the same either way (tests/unit/deployments/http/test_front.py runs
+the same requests through both): same bytes for the same answers, same errors, same
+limits. What differs: a block's requests share its admission decision, the engine counts
+a block as one request (the HTTP request counts stay per request), and a client that
+hangs up does not cancel its item (its answer is dropped).
+
+The module is optional (`ingress.native_front`); where `_front` was not compiled the
+Python server serves alone (`available()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from deployments.http.blocks import Blocks, _head
+from deployments.http.connection import Connection
+from deployments.http.cycle import READ_BUFFER_BYTES, Cycle
+from deployments.http.errors import Unavailable, error_parts
+from deployments.http.server import HttpServer
+
+try:
+    from deployments.http import _front
+except ImportError:  # not compiled (no C compiler at install): the Python server serves
+    _front = None
+
+log = logging.getLogger("deployments.http")
+
+PARTIAL_S = 0.5  # a request arriving slower than this goes to the Python server
+
+
+def available() -> bool:
+    """Was the native front compiled (`make setup` with a C compiler)?"""
+    return _front is not None
+
+
+class _LearningCycle(Cycle):
+    """A request of the Python server that may teach the front a plan once answered."""
+
+    __slots__ = ("kept",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.kept: bytes | None = None
+
+    def whole_body(self) -> bytes:
+        self.kept = body = super().whole_body()
+        return body
+
+    def respond(self, status: int, headers: list, parts: list) -> None:
+        super().respond(status, headers, parts)
+        if status == 200 and self.kept is not None:
+            self.conn.server.book.learn(self.scope, self.kept)
+
+
+class _Connection(Connection):
+    """A connection in Python mode; handed back to the front once idle."""
+
+    cycle_class = _LearningCycle
+
+    def done(self, cycle: Cycle) -> None:
+        super().done(cycle)
+        if (not self.closed and not self.cycles and not self.inbuf and self.in_head
+                and self.head_fed == 0 and self.parsing is None and self.rejection is None
+                and not self.no_more and self.lingering is None and not self.eof
+                and not self.write_paused and not self.waiting and not self.pumping
+                and self.transport.release()):
+            self.closed = True  # this object is done with; the front has the socket
+            self.server.connections.discard(self)
+
+
+class _Transport(asyncio.Transport):
+    """A Python-mode connection's transport: the front's thread does the I/O."""
+
+    def __init__(self, server: FrontServer, cid: int, protocol: Connection) -> None:
+        super().__init__()
+        self.server, self.front, self.cid, self.protocol = server, server.front, cid, protocol
+        self.reads = 0  # reads handed to the protocol (the front hands back after them)
+        self.closing = self.write_paused = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name in ("peername", "sockname"):
+            found = self.front.addresses(self.cid)
+            if found is not None:
+                return found[0] if name == "peername" else found[1]
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # the front's mark: ingress.max_unsent_bytes, the same setting
+
+    def write(self, data: Any) -> None:
+        if self.closing or not data:
+            return
+        if self.front.send(self.cid, data) and not self.write_paused:
+            self.write_paused = True
+            self.protocol.pause_writing()
+
+    def writelines(self, parts: Any) -> None:
+        self.write(b"".join(parts))
+
+    def drained(self) -> None:
+        if self.write_paused:
+            self.write_paused = False
+            self.protocol.resume_writing()
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.front.control(self.cid, 2)
+
+    def pause_reading(self) -> None:
+        self.front.control(self.cid, 3)
+
+    def resume_reading(self) -> None:
+        self.front.control(self.cid, 4)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self._end(0)
+
+    def abort(self) -> None:
+        self._end(1)
+
+    def _end(self, how: int) -> None:
+        if not self.closing:
+            self.closing = True
+            self.front.control(self.cid, how)
+            self.server.transports.pop(self.cid, None)
+            self.server._loop.call_soon(self.protocol.connection_lost, None)
+
+    def release(self) -> bool:
+        if self.closing or not self.front.release(self.cid, self.reads):
+            return False
+        self.closing = True
+        self.server.transports.pop(self.cid, None)
+        return True
+
+
+class FrontServer(HttpServer):
+    """`HttpServer` with the native front (`deployments.http._front`) owning its sockets.
+    `app`: the OIP app (`OipApp`: its ASGI entry, quick lane and engine are used), or any
+    ASGI app (then every request is the Python server's, through the front's sockets)."""
+
+    def __init__(self, app: Any, **kwargs: Any) -> None:
+        if _front is None:
+            raise RuntimeError("the native front was not compiled (no C compiler at "
+                               "install): set ingress.native_front to false, or install "
+                               "gcc and run `make setup` again")
+        self.oip = app if hasattr(app, "quick") else None
+        kwargs.pop("quick", None)
+        super().__init__(app.direct if self.oip else app,
+                         quick=self.oip.quick if self.oip else None, **kwargs)
+        self.front: Any = None
+        self.transports: dict[int, _Transport] = {}
+        self.book = Blocks(self)  # plans learnt, blocks in flight
+        self.accepting = True
+
+    @classmethod
+    def from_config(cls, app: Any, ingress: Any, **kwargs: Any) -> FrontServer:
+        kwargs.pop("quick", None)
+        return super().from_config(app, ingress, **kwargs)  # type: ignore[return-value]
+
+    async def start(self) -> None:
+        self._loop = loop = asyncio.get_running_loop()
+        sock = self._bind()
+        try:
+            sock.listen(2048)
+            sock.setblocking(False)
+            oip = self.oip
+            count = oip.limits.max_header_count if oip else 100
+            size = min(oip.limits.max_header_bytes, self.max_header_bytes) if oip else \
+                self.max_header_bytes
+            body = min(READ_BUFFER_BYTES, oip.body_reader.max_bytes) if oip else 0
+            status, busy, headers = error_parts(Unavailable(
+                "this server holds its limit of connections (ingress.max_connections); "
+                "retry shortly"))
+            self.front = _front.Front(
+                sock.fileno(), self.max_connections, self.max_pipelined, count, size, body,
+                self.max_unsent_bytes,
+                self.keep_alive_s, PARTIAL_S,
+                _head(status, headers, len(busy)) + b"connection: close\r\n\r\n" + busy)
+        finally:
+            sock.close()  # the front holds its own descriptor
+        loop.add_reader(self.front.fileno(), self._wake)
+        self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def close(self) -> None:
+        self.accepting = False
+        if self.front is not None:
+            self.front.set(not (self.oip and self.oip.draining), False)
+        super().close()
+
+    async def stop(self, timeout_s: float) -> None:
+        give_up = time.monotonic() + timeout_s
+        self.close()
+        while self.book.pending and time.monotonic() < give_up:
+            await asyncio.sleep(0.05)
+        await super().stop(max(0.0, give_up - time.monotonic()))
+        if self.front is not None:
+            self._loop.remove_reader(self.front.fileno())
+            self.front.stop()
+            self.front = None
+
+    def stats(self) -> dict[str, int]:
+        return self.front.stats() if self.front is not None else {}
+
+    # -- what the front's thread has for Python ---------------------------------------------
+    def _wake(self) -> None:
+        front = self.front
+        if front is None:
+            return
+        events, arrivals, payloads = front.take()
+        for kind, cid, flag, data in events:
+            if kind == _front.ADOPT:
+                self._adopt(cid, data, flag)
+                continue
+            t = self.transports.get(cid)
+            if t is None:
+                continue
+            if kind == _front.DATA:
+                t.reads += 1
+                t.protocol.data_received(data)
+                if not t.closing:
+                    front.control(cid, 5)  # taken: the front reads the next
+            elif kind == _front.EOF:
+                if not t.protocol.eof_received():
+                    t.close()
+            elif kind == _front.LOST:
+                self.transports.pop(cid, None)
+                t.closing = True
+                t.protocol.connection_lost(ConnectionResetError("the client went away"))
+            elif kind == _front.DRAINED:
+                t.drained()
+        if arrivals:
+            self.book.queued(arrivals, payloads)
+
+    def _adopt(self, cid: int, data: bytes, eof: bool) -> None:
+        conn = _Connection(self)
+        t = self.transports[cid] = _Transport(self, cid, conn)
+        conn.connection_made(t)
+        if data:
+            conn.data_received(data)
+        if eof and not t.closing and not conn.eof_received():
+            t.close()
+
+__all__ = ["FrontServer", "available"]

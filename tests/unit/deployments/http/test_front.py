@@ -1,0 +1,356 @@
+"""The native front (`deployments.http.front`): its answers are the Python server's, byte
+for byte, and it holds the same bounds, over real sockets (no Ray).
+
+The differential test sends the same random streams of requests (a fixed seed: binary and
+JSON infer requests the front queues itself, with numbers spelled every way JSON allows,
+values out of range, wrong counts, other routes, bad JSON, closes) over several
+connections at once to the Python server alone and to the front, and compares every
+answer; the rest pin what the front decides itself: when a connection goes to the
+Python server and back, what a client that never reads may make it hold, slow requests,
+keep-alive, draining, stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import struct
+import time
+
+import pytest
+
+from deployments.http.front import PARTIAL_S, available
+from tests.unit.deployments.http.fakes import run
+from tests.unit.deployments.http.served import INFER, Served, read_response, request
+
+pytestmark = pytest.mark.skipif(not available(), reason="the native front is not compiled "
+                                "(needs a C compiler): run `make setup` with gcc installed")
+
+ECHO = "/v2/models/echo/infer"
+
+
+def binary(values: list[float], path: str = INFER, datatype: str = "FP32",
+           cols: int | None = None, binary_out: bool = True, close: bool = False) -> bytes:
+    fmt = f"<{len(values)}{'f' if datatype == 'FP32' else 'd'}"
+    data = struct.pack(fmt, *values)
+    shape = [len(values)] if cols is None else [len(values) // cols, cols]
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": shape,
+                                     "parameters": {"binary_data_size": len(data)}}],
+                         "parameters": {"binary_data_output": binary_out}}).encode()
+    headers = {"inference-header-content-length": str(len(header))}
+    if close:
+        headers["connection"] = "close"
+    return request("POST", path, header + data, headers)
+
+
+def spelled(rng: random.Random, x: float) -> str:
+    """A number as a client might write it in JSON."""
+    style = rng.randrange(6)
+    if style == 0:
+        return repr(float(x))
+    if style == 1:
+        return str(int(x))
+    if style == 2:
+        return f"{x:.3e}"
+    if style == 3:
+        return f"{x:.9g}"
+    if style == 4:
+        return f"{int(x)}E+0{rng.randrange(3)}" if x >= 0 else "-0"
+    return rng.choice(["-0", "0", "1e-45", "3.4028234e38", "1e39", "12345678901234567890",
+                       "0.1", "-2.5E-3", "7"])
+
+
+def json_infer(rng: random.Random, path: str = INFER, close: bool = False) -> bytes:
+    n = rng.choice([1, 2, 2, 3])
+    values = [spelled(rng, rng.uniform(-100, 100)) for _ in range(n)]
+    shape = n if rng.random() > 0.05 else n + 1  # a wrong count now and then: 400
+    space = rng.choice(["", " ", "\n  "])
+    sep = "," + rng.choice(["", " ", "\t"])
+    body = ('{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[' + str(shape)
+            + '],"data":[' + space + sep.join(values) + space + "]}]}")
+    if path == ECHO:
+        pairs = [spelled(rng, rng.uniform(-5, 5)) for _ in range(2 * n)]
+        body = ('{"inputs":[{"name":"INPUT0","datatype":"FP64","shape":[' + str(n)
+                + ',2],"data":[' + ",".join(pairs) + "]}]}")
+    return request("POST", path, body.encode(), {"connection": "close"} if close else None)
+
+
+def stream(rng: random.Random) -> list[bytes]:
+    """One connection's requests: mostly what the front queues, some of everything else."""
+    out = []
+    for _ in range(rng.randrange(5, 25)):
+        kind = rng.random()
+        if kind < 0.35:
+            vals = [rng.choice([rng.uniform(-1e3, 1e3), 0.0, -0.0, float("inf"), 1e-40])
+                    for _ in range(2)]
+            out.append(binary(vals))
+        elif kind < 0.65:
+            out.append(json_infer(rng))
+        elif kind < 0.72:
+            out.append(json_infer(rng, ECHO))
+        elif kind < 0.78:  # FP64 pairs answered as JSON: NaN in one request's rows is its 400
+            vals = [rng.choice([1.5, -2.0, float("nan")]) for _ in range(4)]
+            out.append(binary(vals, ECHO, "FP64", cols=2, binary_out=False))
+        elif kind < 0.84:
+            out.append(request("GET", "/v2/models/square"))
+        elif kind < 0.88:
+            out.append(request("POST", INFER, b'{"inputs": [{"name": "INPUT0", "datatype": '
+                               b'"FP32", "shape": [1], "data": [true]}]}'))
+        elif kind < 0.92:
+            out.append(request("POST", INFER, b"{"))
+        else:
+            out.append(binary([rng.uniform(0, 9)] * 3))  # another header: learnt too
+    if rng.random() < 0.3:
+        out.append(json_infer(rng, close=True))
+    return out
+
+
+async def _answers(front: bool, streams: list[list[bytes]], pipelined: bool) -> list:
+    """Each stream on a connection of its own, all at once: first one request at a time,
+    then (`pipelined`) again each stream in one write, once the front has learnt."""
+    async with Served(front=front, max_body_bytes=4096) as s:
+        async def one(reqs: list[bytes], pipelined: bool) -> list:
+            r, w = await s.connect()
+            got = []
+            try:
+                if pipelined:
+                    w.write(b"".join(reqs))
+                for raw in reqs:
+                    if not pipelined:
+                        w.write(raw)
+                    try:
+                        a = await read_response(r)
+                    except (ConnectionError, asyncio.IncompleteReadError):
+                        break
+                    got.append((a.status, list(a.headers.items()), a.body))
+                    if a.headers.get("connection") == "close":
+                        break
+            finally:
+                w.close()
+            return got
+
+        got = await asyncio.gather(*(one(reqs, False) for reqs in streams))
+        if pipelined:
+            got += await asyncio.gather(*(one(reqs, True) for reqs in streams))
+        return got, (s.server.stats() if front else {})
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["one-by-one", "pipelined"])
+def test_the_front_answers_byte_for_byte_as_the_python_server(pipelined):
+    rng = random.Random(20261126)
+    streams = [stream(rng) for _ in range(24)]
+    python, _ = run(_answers(False, streams, pipelined), 60)
+    front, stats = run(_answers(True, streams, pipelined), 60)
+    assert sum(map(len, python)) > 300
+    for i, (want, got) in enumerate(zip(python, front)):
+        assert got == want, (i, next(((j, w, g) for j, (w, g) in enumerate(zip(want, got))
+                                      if w != g), None))
+    statuses = {a[0] for conn in python for a in conn}
+    assert {200, 400} <= statuses
+    # the front queued most of it itself, and handed connections back and forth
+    assert stats["fast"] > 100 and stats["switched"] > 24 and stats["plans"] >= 3, stats
+
+
+def test_many_clients_at_once_each_get_their_own_answer():
+    async def main():
+        async with Served(front=True) as s:
+            async def client(i: int) -> bool:
+                r, w = await s.connect()
+                ok = True
+                for j in range(30):
+                    w.write(binary([float(i), float(j)]))
+                    a = await read_response(r)
+                    ok &= struct.unpack("<2f", a.body[-8:]) == (i * i, j * j)
+                w.close()
+                return ok
+            return await asyncio.gather(*(client(i) for i in range(40))), s.server.stats()
+
+    oks, stats = run(main(), 30)
+    assert all(oks) and stats["fast"] >= 40 * 29 - 40, stats
+
+
+def test_a_connection_goes_to_the_python_server_and_back():
+    async def main():
+        async with Served(front=True) as s:
+            r, w = await s.connect()
+            seen = []
+            for raw in [binary([1.0, 2.0]), binary([3.0, 4.0]), request("GET", "/v2/health/live"),
+                        binary([5.0, 6.0])]:
+                w.write(raw)
+                a = await read_response(r)
+                seen.append((a.status, s.server.stats()["fast"], s.server.stats()["switched"]))
+            w.close()
+            return seen
+
+    # the first is the Python server's (it teaches the plan), the second the front's, the
+    # health check the Python server's again, the last the front's: one connection
+    assert run(main()) == [(200, 0, 1), (200, 1, 1), (200, 1, 2), (200, 2, 2)]
+
+
+def _learnt(s: Served) -> None:
+    sock = socket.create_connection(("127.0.0.1", s.server.port))
+    sock.sendall(binary([1.0, 1.0]))
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    sock.close()
+
+
+def test_a_client_that_never_reads_is_held_to_the_bounds():
+    """Queued requests pushed by a client that reads nothing: the front stops reading it
+    once its answers back up; what it holds stays bounded however much is pushed."""
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            sock = socket.create_connection(("127.0.0.1", s.server.port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            block = binary([2.0, 3.0]) * 200
+            pushed, stalled = 0, None
+            give_up = time.monotonic() + 20
+            while pushed < 256 * 2**20 and time.monotonic() < give_up:
+                try:
+                    pushed += sock.send(block[pushed % len(block):])
+                    stalled = None
+                except BlockingIOError:
+                    stalled = stalled or time.monotonic()
+                    if time.monotonic() - stalled > 1.5:
+                        break
+                    await asyncio.sleep(0.01)
+            stats = s.server.stats()
+            sock.close()
+            return pushed, stats, s.server.max_unsent_bytes, s.server.max_pipelined
+
+    pushed, stats, unsent, pipelined = run(main(), 40)
+    assert pushed < 64 * 2**20, pushed
+    assert stats["unsent_bytes"] <= unsent + 64 * 2**10, stats
+    # unparsed: a head and a body at their limits (40 KiB + 64 KiB), and one read
+    assert stats["unparsed_bytes"] <= 40 * 2**10 + 64 * 2**10 + 64 * 2**10, stats
+    assert stats["queued"] <= pipelined and stats["python_mode"] == 0, stats
+
+
+def test_a_slow_request_is_the_python_servers_with_its_timeouts():
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            raw = binary([2.0, 2.0])
+            r, w = await s.connect()
+            w.write(raw[:20])
+            await asyncio.sleep(PARTIAL_S + 0.6)  # the front's sweep hands it over
+            handed = s.server.stats()["python_mode"]
+            w.write(raw[20:])
+            answer = await read_response(r)
+            w.close()
+            r2, w2 = await s.connect()
+            w2.write(raw[:20])
+            s.server.header_timeout_s = 0.0
+            await asyncio.sleep(PARTIAL_S + 0.6)
+            s.server._sweep()  # as its timer would: the head took too long
+            late = await read_response(r2)
+            return handed, answer, late
+
+    handed, answer, late = run(main())
+    assert handed == 1 and answer.status == 200
+    assert struct.unpack("<2f", answer.body[-8:]) == (4.0, 4.0)
+    assert late.status == 408 and late.headers["connection"] == "close"
+
+
+def test_idle_connections_are_closed_after_keep_alive():
+    async def main():
+        async with Served(front=True) as s:
+            pass
+        s.server.keep_alive_s = 0.3
+        async with s:
+            await asyncio.to_thread(_learnt, s)
+            r, w = await s.connect()
+            w.write(binary([1.0, 2.0]))
+            await read_response(r)
+            return await asyncio.wait_for(r.read(), 5)
+
+    assert run(main()) == b""
+
+
+def test_draining_refuses_as_the_python_server_and_closes():
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            s.app.begin_drain()
+            r, w = await s.connect()
+            w.write(binary([1.0, 2.0]) * 2)
+            first = await read_response(r)
+            rest = await asyncio.wait_for(r.read(), 5)
+            return first, rest
+
+    first, rest = run(main())
+    assert first.status == 503 and first.headers["connection"] == "close"
+    assert "shutting down" in first.json()["error"] and rest == b""
+
+
+def test_stop_answers_what_is_queued_and_closes_the_rest():
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            s.backend.step.clear()
+            r, w = await s.connect()
+            w.write(binary([3.0, 3.0]))
+            idle_r, _ = await s.connect()
+            await asyncio.sleep(0.1)
+            stopping = asyncio.ensure_future(s.server.stop(5))
+            idle = await asyncio.wait_for(idle_r.read(), 5)
+            s.backend.step.set()
+            answer = await read_response(r)
+            await stopping
+            with pytest.raises(OSError):
+                await s.connect()
+            return idle, answer
+
+    idle, answer = run(main())
+    assert idle == b"" and struct.unpack("<2f", answer.body[-8:]) == (9.0, 9.0)
+
+
+def test_a_client_gone_before_its_answer_leaves_the_others_theirs():
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            s.backend.step.clear()
+            _, gone_w = await s.connect()
+            gone_w.write(binary([5.0, 5.0]))
+            r, w = await s.connect()
+            w.write(binary([2.0, 1.0]))
+            await asyncio.sleep(0.1)
+            gone_w.transport.abort()
+            await asyncio.sleep(0.05)
+            s.backend.step.set()
+            answer = await read_response(r)
+            w.write(binary([4.0, 1.0]))
+            again = await read_response(r)
+            return answer, again, s.app.inflight
+
+    answer, again, inflight = run(main())
+    assert struct.unpack("<2f", answer.body[-8:]) == (4.0, 1.0)
+    assert struct.unpack("<2f", again.body[-8:]) == (16.0, 1.0) and inflight == 0
+
+
+def test_the_python_server_sees_each_clients_address():
+    """Event streams are counted per client address (ingress.max_streams_per_client)."""
+    async def main():
+        async with Served(front=True) as s:
+            seen = []
+            s.app.backend.step.set()
+            original = s.app.direct
+
+            async def spy(scope, receive, send):
+                seen.append((scope["client"], scope["server"]))
+                return await original(scope, receive, send)
+
+            s.server.app = spy
+            r, w = await s.connect()
+            w.write(request("GET", "/v2/health/live"))
+            await read_response(r)
+            port = w.get_extra_info("sockname")[1]
+            w.close()
+            return seen, port, s.server.port
+
+    seen, port, server_port = run(main())
+    assert seen == [(("127.0.0.1", port), ("127.0.0.1", server_port))]
+
