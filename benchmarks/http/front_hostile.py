@@ -9,7 +9,10 @@ Serve replica) with a small echo app, then:
   client sends requests one after another; reports the ordinary requests' latency with
   and without the slow heads, and what the slow ones got back (408 at header_timeout_s).
 
-    python -m benchmarks.http.front_hostile --slowloris 1000 --push-mib 256
+    python -m benchmarks.http.front_hostile --slowloris 1000 --push-mib 256 [--front]
+
+`--front`: the same through the native front (`deployments.http.front.FrontServer`: its
+thread holds the sockets, the echo app's requests are the Python server's through it).
 
 Targets: RSS moved by <= 16 MiB for 256 MiB pushed; 1,000 slowloris connections delay
 an ordinary request by <= 10 ms.
@@ -29,12 +32,13 @@ REQUEST = b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 1024\r\n\r\n" + b"
 ANSWER_END = b'"ok"}'
 
 
-def serve(port: int, header_timeout_s: float) -> None:
+def serve(port: int, header_timeout_s: float, front: bool = False) -> None:
     """The server process: an echo app on the own server, on uvloop."""
     import asyncio
 
     import uvloop
 
+    from deployments.http.front import FrontServer
     from deployments.http.server import HttpServer
 
     async def app(scope, receive, send):
@@ -52,7 +56,8 @@ def serve(port: int, header_timeout_s: float) -> None:
         await send({"type": "http.response.body", "body": out})
 
     async def main():
-        server = HttpServer(app, port=port, reuse_port=False, header_timeout_s=header_timeout_s)
+        kind = FrontServer if front else HttpServer
+        server = kind(app, port=port, reuse_port=False, header_timeout_s=header_timeout_s)
         await server.start()
         print("ready", flush=True)
         await asyncio.Event().wait()
@@ -145,16 +150,18 @@ def main() -> None:
     parser.add_argument("--slow-seconds", type=float, default=12.0)
     parser.add_argument("--header-timeout", type=float, default=10.0)
     parser.add_argument("--push-mib", type=int, default=256)
+    parser.add_argument("--front", action="store_true", help="through the native front")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.header_timeout)
+        serve(args.serve, args.header_timeout, args.front)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.http.front_hostile", "--serve",
-                             str(port), "--header-timeout", str(args.header_timeout)],
+                             str(port), "--header-timeout", str(args.header_timeout),
+                             *(["--front"] if args.front else [])],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"

@@ -240,7 +240,7 @@ def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv) -> Serve
     log = tmp / "raybatch.log"
     base = f"http://127.0.0.1:{native}"
     proc = spawn(argv, log, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, cwd=REPO)
-    title = "Raybatch (demo settings: own server, engine and replica in the ingress)"
+    title = "Raybatch (demo settings: native front, engine and replica in the ingress)"
     s = Server("raybatch", proc, base, oip_variants("raybatch", title, x), oip_stats(base), log,
                ready_url=f"{base}/v2/models/mlp/ready")
     wait_ready(s, 300)
