@@ -24,14 +24,19 @@ import orjson
 
 from deployments.http.cycle import _status_line
 from deployments.http.errors import Unavailable, error_parts, log_error
-from deployments.protocol import InferRequest, encode_infer_raw, parse_infer_request
+from deployments.protocol import (
+    InferRequest,
+    PayloadTooLarge,
+    encode_infer_raw,
+    parse_infer_request,
+)
 from deployments.protocol.plans import Plan
 
 _ARRIVAL = np.dtype([("token", "<u8"), ("t", "<f8"), ("plan", "<i4"), ("len", "<u4")])
 _PLAIN_PARAMETERS = {"binary_data_output"}  # what a queued request may carry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Plan:
     """A request kind the front queues: what makes a block of them an engine request."""
 
@@ -166,22 +171,39 @@ class Blocks:
 
     def _block(self, plan: _Plan, rec: np.ndarray, data: memoryview) -> None:
         app = self.server.oip
-        tokens = rec["token"].tobytes()
         k = len(rec)
-        if app.draining or app.inflight + k > app.max_inflight:
+        room = 0 if app.draining else app.max_inflight - app.inflight
+        if room < k:  # as the Python server: those past the limit get 503 and a close
             why = ("this replica is shutting down; retry, another replica will answer"
                    if app.draining else f"this replica serves {app.inflight} requests, its "
                    "limit (ingress.max_inflight_requests); retry shortly")
             if app.draining:  # from now on the Python server answers (and refuses) all
                 self.server.front.set(False, self.server.accepting)
-            self._fail(plan, tokens, k, Unavailable(why), close=True)
+            if room > 0:
+                self._block(plan, rec[:room], data[:room * plan.size])
+            self._fail(plan, rec[max(room, 0):]["token"].tobytes(), k - max(room, 0),
+                       Unavailable(why), close=True)
             return
+        tokens = rec["token"].tobytes()
         p = plan.plan
         try:
             array = np.frombuffer(data, plan.dtype).reshape((k * plan.rows, *plan.item_shape))
             request = InferRequest(p.request_id, {plan.name: array}, dict(p.parameters),
                                    list(p.outputs), k * plan.rows)
             future, outputs = app._submit(plan.model, request, float(rec["t"].min()))
+        except PayloadTooLarge as exc:
+            if k == 1:
+                self._fail(plan, tokens, k, exc)
+                return
+            # the model takes fewer items a request than a batch (limits.max_request_items):
+            # this plan's blocks halve until they fit
+            plan.per_block = max(1, min(plan.per_block, k) // 2)
+            i = 0
+            while i < k:
+                step = plan.per_block  # smaller still if a part is refused again
+                self._block(plan, rec[i:i + step], data[i * plan.size:(i + step) * plan.size])
+                i += step
+            return
         except Exception as exc:
             self._fail(plan, tokens, k, exc)
             return

@@ -354,3 +354,53 @@ def test_the_python_server_sees_each_clients_address():
     seen, port, server_port = run(main())
     assert seen == [(("127.0.0.1", port), ("127.0.0.1", server_port))]
 
+
+
+def test_requests_past_max_inflight_get_503_as_from_the_python_server():
+    async def main():
+        async with Served(front=True, max_inflight_requests=4) as s:
+            await asyncio.to_thread(_learnt, s)
+            s.backend.step.clear()
+            conns = [await s.connect() for _ in range(6)]
+            for i, (_, w) in enumerate(conns):
+                w.write(binary([float(i), 1.0]))
+            await asyncio.sleep(0.3)
+            s.backend.step.set()
+            answers = [await read_response(r) for r, _ in conns]
+            return answers, s.app.inflight
+
+    answers, inflight = run(main())
+    assert sorted(a.status for a in answers) == [200] * 4 + [503] * 2 and inflight == 0
+    for i, a in enumerate(answers):
+        if a.status == 200:
+            assert struct.unpack("<2f", a.body[-8:]) == (i * i, 1.0)
+        else:
+            assert a.headers["connection"] == "close" and "limit" in a.json()["error"]
+
+
+def test_a_model_that_takes_fewer_items_a_request_gets_smaller_blocks():
+    from deployments.protocol import PayloadTooLarge
+
+    async def main():
+        async with Served(front=True) as s:
+            submit = s.backend.submit_infer
+            sizes = []
+
+            def limited(model, request, received_s=None):
+                sizes.append(request.batch_size)
+                if request.batch_size > 4:  # as limits.max_request_items: 4 would say
+                    raise PayloadTooLarge("the request carries too many items")
+                return submit(model, request, received_s)
+
+            s.app._submit = limited
+            await asyncio.to_thread(_learnt, s)
+            r, w = await s.connect()
+            w.write(b"".join(binary([float(i), 2.0]) for i in range(8)))
+            answers = [await read_response(r) for _ in range(8)]
+            return answers, sizes
+
+    answers, sizes = run(main())
+    assert [struct.unpack("<2f", a.body[-8:]) for a in answers] == \
+        [(i * i, 4.0) for i in range(8)]
+    # refused twice at most (16 rows, then 8), then blocks that fit
+    assert sum(n > 4 for n in sizes) <= 2 and sizes[-1] <= 4, sizes
