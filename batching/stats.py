@@ -85,18 +85,19 @@ class BatchStats:
         self.compute_s_by_size[num_items] += compute_s
         self.last_inference_ms = int(time.time() * 1e3)
 
-    def record_queue(self, wait_s: float) -> None:
-        self.queue_count += 1
-        self.queue_s += wait_s
-        self.queue_hist.observe(wait_s)
+    def record_queue(self, wait_s: float, requests: int = 1) -> None:
+        self.queue_count += requests
+        self.queue_s += wait_s * requests
+        for _ in range(requests):
+            self.queue_hist.observe(wait_s)
 
-    def record_outcome(self, ok: bool, duration_s: float) -> None:
+    def record_outcome(self, ok: bool, duration_s: float, requests: int = 1) -> None:
         if ok:
-            self.success_count += 1
-            self.success_s += duration_s
+            self.success_count += requests
+            self.success_s += duration_s * requests
         else:
-            self.fail_count += 1
-            self.fail_s += duration_s
+            self.fail_count += requests
+            self.fail_s += duration_s * requests
 
     @property
     def mean_batch_size(self) -> float:

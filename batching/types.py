@@ -46,6 +46,9 @@ class Request:
     priority: int | None = None  # 1 = highest; None or 0 = the policy's default level
     timeout_s: float | None = None  # relative to submission
     num_items: int = field(default=-1)
+    # the clients' requests it stands for, as counted (requests, queue waits): a block of
+    # requests a server gathered (the native front's) is one request of the engine
+    requests: int = 1
 
     def __post_init__(self) -> None:
         if self.num_items < 0:

@@ -131,24 +131,25 @@ class LocalEngine:
     def outstanding(self) -> int:
         return 0 if self.host is None else self.host.open_requests
 
-    def _refused(self, error: RaybatchError) -> None:
+    def _refused(self, error: RaybatchError, requests: int = 1) -> None:
         """Count a request refused at submit, as a batching actor does."""
         if self.metrics is not None:
-            self.metrics.refused((outcome_of(error),))
+            self.metrics.refused((outcome_of(error),) * requests)
 
     def submit(self, items: Any, priority: int | None, timeout_s: float | None,
-               control: Any = None) -> asyncio.Future:
+               control: Any = None, requests: int = 1) -> asyncio.Future:
         """The future of one request's outcome (`control`: a sequence model's
-        (sequence_id, start, end)); raises its error (QueueFull, UnknownSequence...) at once."""
+        (sequence_id, start, end); `requests`: the clients' requests it stands for, as
+        counted); raises its error (QueueFull, UnknownSequence...) at once."""
         if control is not None and self.kind == "dynamic":
             raise InvalidRequest(f"model {self.config.name!r} runs dynamic batching: "
                                  "sequence controls do not apply")
         rid = next(self._ids)
         try:
             fut = submit_bundle_item(self.host, self.kind, rid,
-                                     (rid, items, priority, timeout_s, control))
+                                     (rid, items, priority, timeout_s, control, requests))
         except RaybatchError as e:
-            self._refused(e)
+            self._refused(e, requests)
             raise
         fut.add_done_callback(lambda f: f.cancelled() and self.host.cancel(rid))
         return fut

@@ -130,6 +130,7 @@ class BatcherActor:
         assert host is not None
         opened: dict[asyncio.Future, tuple[Any, int]] = {}  # future -> (key, request id)
         out: list[Outcome] = []
+        refused: list[BaseException] = []
         by_key = self._by_key
         if self.draining is not None:
             return [(entry[0], None, Draining(self.draining)) for entry in entries(bundle)]
@@ -141,11 +142,12 @@ class BatcherActor:
                 opened[submit_bundle_item(host, self.kind, rid, entry)] = entry[0], rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
                 out.append((entry[0], None, e))
+                refused.extend([e] * (entry[5] if len(entry) > 5 else 1))  # a block: its count
                 continue
             if caller is not None:
                 by_key[caller, entry[0]] = rid
-        if out and self.metrics is not None:
-            self.metrics.refused(outcome_of(e) for _, _, e in out)
+        if refused and self.metrics is not None:
+            self.metrics.refused(outcome_of(e) for e in refused)
         if opened:
             try:
                 await asyncio.wait(opened)

@@ -64,7 +64,8 @@ def pack(bundle: list[tuple]) -> list[tuple] | Stacked:
     for entry in bundle:
         items = entry[1]
         if (type(items) is not np.ndarray or items.ndim == 0 or items.dtype != dtype
-                or items.shape[1:] != row or (len(entry) > 4 and entry[4] is not None)):
+                or items.shape[1:] != row or (len(entry) > 4 and entry[4] is not None)
+                or len(entry) > 5):  # a block's count of requests: sent as it is
             return bundle
     return Stacked([e[0] for e in bundle], np.concatenate([e[1] for e in bundle]),
                    [len(e[1]) for e in bundle], [e[2] for e in bundle],

@@ -80,15 +80,17 @@ class Coalescer:
         return len(self._futures)
 
     def submit(self, items: Any, priority: int | None, timeout_s: float | None,
-               control: Any = None) -> asyncio.Future:
+               control: Any = None, requests: int = 1) -> asyncio.Future:
         """`control`: a sequence model's (sequence_id, start, end); None for stateless ones.
+        `requests`: the clients' requests it stands for (a block), as the engine counts.
         Cancelling the returned future cancels the request."""
         loop = asyncio.get_running_loop()
         key = next(self._keys)
         fut = loop.create_future()
         self._futures[key] = fut
         fut.add_done_callback(lambda f, key=key: f.cancelled() and self._cancelled(key))
-        self._pending.append((key, items, priority, timeout_s, control))
+        self._pending.append((key, items, priority, timeout_s, control) if requests == 1
+                             else (key, items, priority, timeout_s, control, requests))
         if len(self._pending) == 1:
             loop.call_soon(self._flush, context=detached())
         return fut

@@ -67,10 +67,12 @@ def dynamic_policy(config: ModelConfig) -> DynamicPolicy:
 
 
 def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> asyncio.Future:
-    """Submit one bundle entry `(key, items, priority, timeout_s[, control])`; its future.
+    """Submit one bundle entry `(key, items, priority, timeout_s[, control[, requests]])`
+    (`requests`: the clients' requests it stands for, 1 unless a block); its future.
     Raises the request's error (InvalidRequest, QueueFull, UnknownSequence...) at once."""
     _, items, priority, timeout_s, *rest = entry
     control = rest[0] if rest else None
+    requests = rest[1] if len(rest) > 1 and type(rest[1]) is int and rest[1] > 0 else 1
     if kind == "sequence":
         if control is None:
             raise InvalidRequest("this model is stateful: every request needs sequence_id "
@@ -84,7 +86,8 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
     if kind == "iterative":
         raise InvalidRequest("this model is generative: use generate or generate_stream "
                              "(POST /v2/models/{name}/generate)")
-    return host.submit(Request(request_id, items, False, priority, timeout_s, len(items)))
+    return host.submit(Request(request_id, items, False, priority, timeout_s, len(items),
+                               requests))
 
 
 def bundle_outcome(key: Any, fut: asyncio.Future) -> tuple[Any, Any, BaseException | None]:

@@ -143,11 +143,12 @@ class ServeBackend:
                                received_s)
 
     def submit_infer(self, model: ModelEntry, request: InferRequest,
-                     received_s: float | None = None) -> tuple[asyncio.Future, Any]:
+                     received_s: float | None = None,
+                     requests: int = 1) -> tuple[asyncio.Future, Any]:
         route = self.by_name[model.name].route
         return route.submit(route.decoded_array(request.inputs, request.batch_size),
                             request.priority, request.timeout_s, _sequence(request),
-                            received_s), route.outputs
+                            received_s, requests), route.outputs
 
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:

@@ -117,15 +117,17 @@ class ModelRoute:
 
     def submit(self, array: np.ndarray | TensorBatch, priority: int | None,
                timeout_s: float | None, sequence: tuple[Any, bool, bool] | None = None,
-               received_s: float | None = None) -> asyncio.Future:
+               received_s: float | None = None, requests: int = 1) -> asyncio.Future:
         """`run` up to the wait, for a caller that waits by callback (the HTTP server's
         quick lane): the future of the engine's raw value (`outputs` shapes it);
-        cancelling it cancels the request. Raises what `run` raises before it waits."""
+        cancelling it cancels the request. Raises what `run` raises before it waits.
+        `requests`: the clients' requests `array` stands for (the native front's blocks),
+        as the metrics count them."""
         default = self.default_timeout_s
         if default is not None:
             timeout_s = min(timeout_s, default) if timeout_s else default
         if timeout_s and received_s is not None:
-            timeout_s = self._time_left(timeout_s, received_s)
+            timeout_s = self._time_left(timeout_s, received_s, requests)
         if self.kind == "sequence":
             control = self._control(array, sequence)
             shard = self.shards[shard_of(control[0], len(self.shards))]
@@ -135,6 +137,8 @@ class ModelRoute:
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
         shards = self.shards
         shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
+        if requests != 1:
+            return shard.submit(array, priority, timeout_s, None, requests)
         return shard.submit(array, priority, timeout_s)
 
     def outputs(self, value: Any) -> dict[str, np.ndarray]:
@@ -143,14 +147,14 @@ class ModelRoute:
             value = _one_item(value)
         return self.signature.result(value)
 
-    def _time_left(self, timeout_s: float, received_s: float) -> float:
+    def _time_left(self, timeout_s: float, received_s: float, requests: int = 1) -> float:
         """What is left of `timeout_s` since `received_s`; Overloaded (429) if nothing:
         the server took the whole timeout to read the request, nothing of it ran."""
         spent = time.monotonic() - received_s
         if spent < timeout_s:
             return timeout_s - spent
         if self.metrics is not None:
-            self.metrics.count("queue_full")
+            self.metrics.count("queue_full", requests)
         raise Overloaded(f"the server took {spent:.2f} s to read this request, its whole "
                          f"timeout of {timeout_s:.2f} s: it is overloaded; retry later, or "
                          "raise the timeout", retry_after_s=spent - timeout_s)

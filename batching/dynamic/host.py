@@ -239,10 +239,10 @@ class BatchHost(LoopHost[DynamicBatcher]):
         for p in batch.parts:
             if p.start == 0:  # a request counts its wait once, in the batch it starts in
                 rec = open_[p.request_id]
-                wait = now - rec.submitted_s
-                stats.record_queue(wait)
-                waits.append(wait)
-                levels.append(rec.request.priority or default)
+                wait, n = now - rec.submitted_s, rec.request.requests
+                stats.record_queue(wait, n)
+                waits.extend((wait,) * n)
+                levels.extend((rec.request.priority or default,) * n)
         self.recorder.batch_sent(BatchSent(batch.num_items, batch.cost, batch.reason.value,
                                            tuple(waits), tuple(levels)))
         # The inputs are taken now, while every member is open: a member cancelled before
@@ -334,9 +334,10 @@ class BatchHost(LoopHost[DynamicBatcher]):
             rec = open_.pop(o.request_id, None)
             if rec is None:
                 continue
-            stats.record_outcome(o.error is None, now - rec.submitted_s)
+            n = rec.request.requests
+            stats.record_outcome(o.error is None, now - rec.submitted_s, n)
             kind = outcome_of(o.error)
-            counts[kind] = counts.get(kind, 0) + 1
+            counts[kind] = counts.get(kind, 0) + n
             if o.error is not None:  # a split request that failed: its queued rest never runs
                 self.engine.cancel(o.request_id, now)
             if rec.future.done():

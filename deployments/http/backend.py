@@ -53,11 +53,12 @@ class Backend(Protocol):
 
     # Optional: `OipApp.quick` answers infer requests without a coroutine through it.
     def submit_infer(self, model: ModelEntry, request: InferRequest,
-                     received_s: float | None = None
+                     received_s: float | None = None, requests: int = 1
                      ) -> tuple[asyncio.Future, Callable[[Any], dict[str, np.ndarray]]]:
         """`infer` up to the wait: the future of the engine's value (cancelling it
         cancels the request) and what turns that value into the outputs. Raises what
-        `infer` raises before it waits."""
+        `infer` raises before it waits. `requests`: the clients' requests it stands for
+        (a block of the native front's), as the engine's metrics count them."""
         ...
 
     async def generate(self, model: ModelEntry, text: Any,

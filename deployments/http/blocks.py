@@ -190,7 +190,7 @@ class Blocks:
             array = np.frombuffer(data, plan.dtype).reshape((k * plan.rows, *plan.item_shape))
             request = InferRequest(p.request_id, {plan.name: array}, dict(p.parameters),
                                    list(p.outputs), k * plan.rows)
-            future, outputs = app._submit(plan.model, request, float(rec["t"].min()))
+            future, outputs = app._submit(plan.model, request, float(rec["t"].min()), k)
         except PayloadTooLarge as exc:
             if k == 1:
                 self._fail(plan, tokens, k, exc)

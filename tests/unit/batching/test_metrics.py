@@ -130,6 +130,27 @@ def test_the_snapshot_counts_outcomes_of_requests_the_host_ended_and_in_flight_b
     run(main())
 
 
+def test_a_request_standing_for_several_clients_requests_is_counted_as_them():
+    """A block of requests gathered by a server (the native front's) is one engine request
+    of `requests` clients' requests: its outcome and its queue wait count that many."""
+    async def main():
+        clock, rec = Clock(), MemoryRecorder()
+        host = dynamic_host(clock, rec, max_batch_size=8)
+        block = host.submit(Request("block", (1, 2, 3, 4, 5), requests=5))
+        one = host.submit(Request("one", (6,), single=True))
+        clock.now = 0.004
+        replica = FakeReplica("r")
+        host.add_replica(replica)
+        await spin()
+        assert rec.sent[0].queue_waits_s == pytest.approx((0.004,) * 6)
+        replica.finish()
+        await spin()
+        assert block.done() and one.done()
+        assert host.snapshot().outcomes == {"ok": 6}
+        assert host.engine.stats.success_count == 6 and host.engine.stats.queue_count == 6
+    run(main())
+
+
 def test_replica_deaths_and_retries_are_cumulative_counts_of_the_snapshot():
     async def main():
         rec = MemoryRecorder()

@@ -35,7 +35,9 @@ def test_anything_else_goes_as_the_list_it_was():
     mixed_rows = [(0, rows(1, 1.0, 4), None, None), (1, rows(1, 1.0, 5), None, None)]
     lists = [(0, [1.0], None, None), (1, [2.0], None, None)]
     one = [(0, rows(2, 1.0), None, None)]
-    for bundle in (controls, mixed_dtype, mixed_rows, lists, one):
+    # a block of the native front's carries its count of requests: it must reach the actor
+    block = [(0, rows(3, 1.0), None, None, None, 3), (1, rows(1, 2.0), None, None)]
+    for bundle in (controls, mixed_dtype, mixed_rows, lists, one, block):
         assert pack(bundle) is bundle
         assert list(entries(bundle)) == bundle
 

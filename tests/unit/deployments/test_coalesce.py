@@ -68,6 +68,29 @@ def test_one_tick_is_one_bundle_and_each_request_gets_its_own_answer():
     run(main())
 
 
+def test_a_block_goes_with_its_count_of_requests_and_the_actor_opens_it_as_them():
+    from deployments.hosts import submit_bundle_item
+
+    async def main():
+        actor = FakeActor()
+        c = Coalescer(lambda: actor, bundle_items=64)
+        c.submit([1, 2, 3], None, None, None, 3)
+        c.submit([4], None, None)
+        await spin()
+        (bundle, _, _), _ = actor.bundles[0]
+        opened = []
+
+        class Host:  # what a batching actor's host is handed
+            def submit(self, request):
+                opened.append((request.num_items, request.requests))
+
+        for rid, entry in enumerate(bundle):
+            submit_bundle_item(Host(), "dynamic", rid, entry)
+        return opened
+
+    assert run(main()) == [(3, 3), (1, 1)]
+
+
 def test_a_request_cancelled_before_its_bundle_leaves_is_never_sent():
     async def main():
         actor = FakeActor()

@@ -75,7 +75,8 @@ class FakeBackend:
         return {"OUTPUT0": x * x if model is SQUARE else x}
 
     def submit_infer(self, model: ModelEntry, request: InferRequest,
-                     received_s: float | None = None) -> tuple[asyncio.Future, Any]:
+                     received_s: float | None = None,
+                     requests: int = 1) -> tuple[asyncio.Future, Any]:
         """`infer` as the quick lane calls it: a future (cancelling it is counted in
         `cancelled`, as an engine would drop the request) and the identity shaper."""
         future = asyncio.get_running_loop().create_future()

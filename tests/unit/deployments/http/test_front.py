@@ -386,11 +386,11 @@ def test_a_model_that_takes_fewer_items_a_request_gets_smaller_blocks():
             submit = s.backend.submit_infer
             sizes = []
 
-            def limited(model, request, received_s=None):
+            def limited(model, request, received_s=None, requests=1):
                 sizes.append(request.batch_size)
                 if request.batch_size > 4:  # as limits.max_request_items: 4 would say
                     raise PayloadTooLarge("the request carries too many items")
-                return submit(model, request, received_s)
+                return submit(model, request, received_s, requests)
 
             s.app._submit = limited
             await asyncio.to_thread(_learnt, s)
