@@ -5,6 +5,7 @@ nothing, driven by `wrk` with a Lua body; no Ray, so what is measured is the fro
     PYTHONPATH=<old checkout> python -m benchmarks.http.front --app fastapi   # the old ingress
     python -m benchmarks.http.front --app noop           # the floor: uvicorn and sockets
     python -m benchmarks.http.front --server raybatch    # Raybatch's own HTTP server, not uvicorn
+    python -m benchmarks.http.front --server raybatch-front   # ... with its native front
 
 `--app fastapi` rebuilds the FastAPI ingress as it was before `deployments/http`
 (a Request, `request.body()`, `_guard`, `Response`) over whichever
@@ -59,7 +60,8 @@ def raw_app() -> Any:
         async def infer(self, model: Any, request: Any, received_s: Any = None) -> dict:
             return {"OUTPUT0": request.inputs["INPUT0"]}
 
-        def submit_infer(self, model: Any, request: Any, received_s: Any = None) -> Any:
+        def submit_infer(self, model: Any, request: Any, received_s: Any = None,
+                         requests: int = 1) -> Any:
             future = asyncio.get_running_loop().create_future()  # the quick lane's way in
             future.set_result(request.inputs["INPUT0"])
             return future, lambda value: {"OUTPUT0": value}
@@ -118,6 +120,8 @@ def serve(app_kind: str, port: int, loop: str, server: str = "uvicorn") -> None:
 
     app = {"raw": raw_app, "fastapi": fastapi_app}[app_kind]() if app_kind != "noop" \
         else noop_app
+    if server == "raybatch-front":
+        return _serve_raybatch(app, port, loop, None, front=True)
     if server.startswith("raybatch"):
         quick = getattr(app, "quick", None) if server == "raybatch" else None
         return _serve_raybatch(app.direct if hasattr(app, "direct") else app, port, loop,
@@ -126,11 +130,15 @@ def serve(app_kind: str, port: int, loop: str, server: str = "uvicorn") -> None:
                 log_level="warning", access_log=False, lifespan="off")
 
 
-def _serve_raybatch(app: Any, port: int, loop: str, quick: Any) -> None:
+def _serve_raybatch(app: Any, port: int, loop: str, quick: Any, front: bool = False) -> None:
+    from deployments.http.front import FrontServer
     from deployments.http.server import HttpServer
 
     async def main() -> None:
-        await HttpServer(app, port=port, quick=quick).start()
+        if front:  # the OIP app itself: the front learns from its quick lane
+            await FrontServer(app, port=port).start()
+        else:
+            await HttpServer(app, port=port, quick=quick).start()
         await asyncio.Event().wait()
 
     if loop == "uvloop":
@@ -162,6 +170,13 @@ def lua_script(body: bytes, headers: dict[str, str]) -> str:
     lines = ['wrk.method = "POST"', f'wrk.body = "{escaped}"']
     lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items()]
     return "\n".join(lines) + "\n"
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def cpu_s(pid: int) -> float:
@@ -200,9 +215,10 @@ def measure(app_kind: str, body_kind: str, connections: int, duration_s: int,
         with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
             f.write(lua_script(body, headers))
         run_wrk(url, f.name, connections, 2)  # warm-up
-        before, t0 = cpu_s(server.pid), time.monotonic()
+        rss0, before, t0 = rss_mib(server.pid), cpu_s(server.pid), time.monotonic()
         got = run_wrk(url, f.name, connections, duration_s)
         used, wall = cpu_s(server.pid) - before, time.monotonic() - t0
+        rss1 = rss_mib(server.pid)
         os.unlink(f.name)
     finally:
         server.terminate()
@@ -210,7 +226,8 @@ def measure(app_kind: str, body_kind: str, connections: int, duration_s: int,
     n = got["requests"]
     return {"app": app_kind, "server": server_kind, "body": body_kind, "requests": n,
             "non_2xx": got["non_2xx"],
-            "req_per_s": round(n / wall), "server_cpu_us_per_request": round(used / n * 1e6, 1)}
+            "req_per_s": round(n / wall), "server_cpu_us_per_request": round(used / n * 1e6, 1),
+            "server_rss_mib": [round(rss0, 1), round(rss1, 1)]}
 
 
 def main() -> None:
@@ -220,7 +237,8 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--duration", type=int, default=10)
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
-    p.add_argument("--server", choices=["uvicorn", "raybatch", "raybatch-asgi", "both", "all"],
+    p.add_argument("--server", choices=["uvicorn", "raybatch", "raybatch-asgi", "raybatch-front",
+                                        "both", "all"],
                    default="uvicorn",
                    help="the HTTP server: uvicorn (as under Serve), deployments.http.server "
                         "(raybatch: with the app's quick lane; raybatch-asgi: every request "
