@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import struct
 
 import pytest
 
@@ -136,3 +137,53 @@ def test_bent_heads_get_the_python_servers_answers_byte_for_byte():
     differ = [(raw, p, f) for raw, p, f in zip(raws, python, front) if p != f]
     assert not differ, differ[:3]
     assert sum(p.startswith(b"HTTP/1.1 200") for p in python) >= 3
+
+
+def test_clients_that_vanish_mid_anything_leave_the_others_their_own_answers():
+    """Honest clients beside ones that reset, half-close, stop mid-head or mid-body, or
+    pipeline and leave, all at once for a while (a fixed seed): every honest answer is
+    its own, the front keeps serving, and nothing stays held."""
+    rng = random.Random(11)
+
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            stop = asyncio.get_running_loop().time() + 3.0
+
+            async def honest(i: int) -> int:
+                r, w = await s.connect()
+                done = 0
+                while asyncio.get_running_loop().time() < stop:
+                    w.write(binary([float(i), float(done % 7)]))
+                    a = await read_response(r)
+                    assert struct.unpack("<2f", a.body[-8:]) == (i * i, (done % 7) ** 2)
+                    done += 1
+                w.close()
+                return done
+
+            async def rogue(seed: int) -> None:
+                r_ng = random.Random(seed)
+                while asyncio.get_running_loop().time() < stop:
+                    r, w = await s.connect()
+                    raw = binary([1.0, 2.0]) * r_ng.randrange(1, 6)
+                    cut = r_ng.randrange(len(raw) + 1)
+                    w.write(raw[:cut])
+                    await asyncio.sleep(r_ng.random() * 0.01)
+                    how = r_ng.randrange(3)
+                    if how == 0:
+                        w.transport.abort()  # a reset, whatever was under way
+                    elif how == 1:
+                        w.write_eof()
+                        await asyncio.wait_for(r.read(), 5)
+                        w.close()
+                    else:
+                        w.close()
+
+            got = await asyncio.gather(*(honest(i) for i in range(8)),
+                                       *(rogue(rng.randrange(10**6)) for _ in range(8)))
+            await asyncio.sleep(0.5)
+            return got[:8], s.server.stats(), s.app.inflight
+
+    done, stats, inflight = run(main(), 30)
+    assert all(n > 10 for n in done), done
+    assert stats["queued"] == 0 and stats["unsent_bytes"] == 0 and inflight == 0, stats
