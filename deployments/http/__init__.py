@@ -1,6 +1,10 @@
 """The HTTP front door: the Open Inference Protocol as a raw ASGI app (no framework, no Ray).
 
 In the order a request meets it
+    front.py      the native front (ingress.native_front): _front.c's thread holds the
+                  sockets and queues the infer requests it recognises; the rest go to
+                  server.py's Connection through it; blocks.py: plans learnt from the
+                  Python server, blocks of queued requests to the engine, their answers
     server.py     Raybatch's own HTTP/1.1 server (ingress.native_port): connections,
                   parsing, limits, keep-alive sweep, stop; cycle.py: one request's ASGI
                   receive/send and the response's framing (one write); portclaim.py: one
