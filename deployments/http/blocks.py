@@ -151,18 +151,26 @@ class Blocks:
 
     # -- queued requests, in blocks ---------------------------------------------------------
     def queued(self, arrivals: bytes, payloads: bytes) -> None:
-        """What `take` returned: arrival records (`_ARRIVAL`) and their tensors' bytes."""
+        """What `take` returned: arrival records (`_ARRIVAL`) and their tensors' bytes.
+        Whatever fails on the way to the engine is each request's 500, never silence."""
         rec = np.frombuffer(arrivals, _ARRIVAL)
         data = memoryview(payloads)
         ids = rec["plan"]
         if (ids == ids[0]).all():
-            self._blocks(self.plans[ids[0]], rec, data)
-            return
-        ends = np.cumsum(rec["len"], dtype=np.int64)
-        for pid in np.unique(ids):
-            idx = np.flatnonzero(ids == pid)
-            joined = b"".join(data[ends[i] - rec["len"][i]:ends[i]] for i in idx)
-            self._blocks(self.plans[pid], rec[idx], memoryview(joined))
+            groups = [(ids[0], rec, data)]
+        else:
+            ends = np.cumsum(rec["len"], dtype=np.int64)
+            groups = []
+            for pid in np.unique(ids):
+                idx = np.flatnonzero(ids == pid)
+                joined = b"".join(data[ends[i] - rec["len"][i]:ends[i]] for i in idx)
+                groups.append((pid, rec[idx], memoryview(joined)))
+        for pid, part, payload in groups:
+            plan = self.plans[pid]
+            try:
+                self._blocks(plan, part, payload)
+            except Exception as exc:  # a bug here: those requests still get an answer
+                self._fail(plan, part["token"].tobytes(), len(part), exc)
 
     def _blocks(self, plan: _Plan, rec: np.ndarray, data: memoryview) -> None:
         step, size = plan.per_block, plan.size

@@ -240,13 +240,28 @@ class FrontServer(HttpServer):
         if front is None:
             return
         events, arrivals, payloads = front.take()
-        for kind, cid, flag, data in events:
-            if kind == _front.ADOPT:
-                self._adopt(cid, data, flag)
-                continue
+        try:
+            for kind, cid, flag, data in events:
+                try:
+                    self._event(kind, cid, flag, data)
+                except Exception:  # one connection's failure ends that connection only
+                    log.exception("the HTTP server failed on a connection; closing it")
+                    front.control(cid, 1)
+                    t = self.transports.pop(cid, None)
+                    if t is not None:
+                        t.closing = True
+        finally:  # what was queued is answered whatever happened above
+            if arrivals:
+                self.book.queued(arrivals, payloads)
+
+    def _event(self, kind: int, cid: int, flag: int, data: bytes) -> None:
+        front = self.front
+        if kind == _front.ADOPT:
+            self._adopt(cid, data, flag)
+        else:
             t = self.transports.get(cid)
             if t is None:
-                continue
+                return
             if kind == _front.DATA:
                 t.reads += 1
                 t.protocol.data_received(data)
@@ -261,8 +276,6 @@ class FrontServer(HttpServer):
                 t.protocol.connection_lost(ConnectionResetError("the client went away"))
             elif kind == _front.DRAINED:
                 t.drained()
-        if arrivals:
-            self.book.queued(arrivals, payloads)
 
     def _adopt(self, cid: int, data: bytes, eof: bool) -> None:
         conn = _Connection(self)

@@ -404,3 +404,27 @@ def test_a_model_that_takes_fewer_items_a_request_gets_smaller_blocks():
         [(i * i, 4.0) for i in range(8)]
     # refused twice at most (16 rows, then 8), then blocks that fit
     assert sum(n > 4 for n in sizes) <= 2 and sizes[-1] <= 4, sizes
+
+
+def test_a_failure_on_the_way_to_the_engine_is_each_requests_500_not_silence(monkeypatch):
+    from deployments.http.blocks import Blocks
+
+    def broken(self, plan, rec, data):
+        raise RuntimeError("a bug between the front and the engine")
+
+    async def main():
+        async with Served(front=True) as s:
+            await asyncio.to_thread(_learnt, s)
+            monkeypatch.setattr(Blocks, "_block", broken)
+            r, w = await s.connect()
+            w.write(binary([1.0, 2.0]) * 3)
+            answers = [await read_response(r) for _ in range(3)]
+            monkeypatch.undo()
+            w.write(binary([3.0, 2.0]))
+            after = await read_response(r)
+            return answers, after
+
+    answers, after = run(main())
+    assert [a.status for a in answers] == [500] * 3
+    assert all(set(a.json()) == {"error"} for a in answers)
+    assert struct.unpack("<2f", after.body[-8:]) == (9.0, 4.0)
