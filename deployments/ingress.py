@@ -20,6 +20,7 @@ backend's models.
 
 
 import asyncio
+import logging
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,8 @@ from deployments.stats import model_counters_json
 from deployments.transit import Stamp
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
+
+log = logging.getLogger(__name__)
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
@@ -195,6 +198,10 @@ class Ingress(GrpcIngress):
                 self.native = FrontServer.from_config(self.http, ingress,
                                                       owner=self.config.app_name)
             else:
+                if ingress.native_front:
+                    log.warning("ingress.native_front: the native front was not compiled "
+                                "(no C compiler when Raybatch was installed); the Python "
+                                "server serves alone. Install gcc and run `make setup`.")
                 self.native = HttpServer.from_config(self.http.direct, ingress,
                                                      owner=self.config.app_name,
                                                      quick=self.http.quick)
