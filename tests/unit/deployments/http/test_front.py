@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="the native front is not
                                 "(needs a C compiler): run `make setup` with gcc installed")
 
 ECHO = "/v2/models/echo/infer"
+INFER_TEMPLATE = "/v2/models/{model}/infer"
 
 
 def binary(values: list[float], path: str = INFER, datatype: str = "FP32",
@@ -364,7 +365,10 @@ def test_requests_past_max_inflight_get_503_as_from_the_python_server():
             conns = [await s.connect() for _ in range(6)]
             for i, (_, w) in enumerate(conns):
                 w.write(binary([float(i), 1.0]))
-            await asyncio.sleep(0.3)
+            for _ in range(500):  # until all six were taken: four run, two refused
+                if s.app.counts.get((INFER_TEMPLATE, 503), 0) == 2 and s.app.inflight == 4:
+                    break
+                await asyncio.sleep(0.01)
             s.backend.step.set()
             answers = [await read_response(r) for r, _ in conns]
             return answers, s.app.inflight
