@@ -6,28 +6,28 @@ GIL on each binary infer request; Triton and mosec parse and queue on native thr
 enter Python once per batch, and serve 1.1-3.5x more on the same cores. `_front.c` (its
 note says how) owns every socket. What this module adds:
 
-- **Plans learned from the Python server.** A binary infer request that the Python
-  server's quick lane answered with 200 leaves a plan (`deployments.protocol.plans`: its
-  header parsed and checked once); the front is told its target and header bytes, and
-  from then on queues requests with those exact bytes itself. Only plans whose request
-  the engine takes as plain items are told: one input, a batch dim, no priority,
+- **Plans learned from the Python server.** An infer request that the Python server's
+  quick lane answered with 200 teaches the front a plan: its target and its JSON header
+  (binary extension) or its JSON body with the data list emptied; from then on the front
+  queues requests with those exact bytes itself (`deployments.http.blocks`). Only plans
+  whose request the engine takes as plain items: one input, a batch dim, no priority,
   timeout or sequence parameters.
 - **Blocks.** What the front queued is taken in one call per wake-up; each plan's
   requests become one engine request per block of at most the model's max batch size
   (their tensors are already one contiguous buffer), and the block's answer goes back in
-  one call: every request gets the JSON header the Python path would write (made once
-  per block) and its own rows of each output. An error (a 429 at admission, a model
-  error) is the same answer to each request of the block.
+  one call: every request gets the JSON the Python path would write (made once per
+  block) and its own rows of each output. An error (a 429 at admission, a model error)
+  is the same answer to each request of the block.
 - **Python mode.** Everything else is the Python server's: the front hands such a
   connection's unparsed bytes to a `Connection` over a transport of the front's
   (`_Transport`), which reads and writes through the front's thread; when it is idle
   again (no request under way, nothing buffered, no close asked) the front takes it back.
 
-What a client sees is the same either way (tests/unit/deployments/http/test_front.py runs
-the same requests through both): same bytes for the same answers, same errors, same
-limits. What differs: a block's requests share its admission decision, the engine counts
-a block as one request (the HTTP request counts stay per request), and a client that
-hangs up does not cancel its item (its answer is dropped).
+What a client sees is the same either way (tests/unit/deployments/http/test_front.py and
+test_front_hostile.py send the same bytes through both): same bytes for the same
+answers, same errors, same limits. What differs: a block's requests share its admission
+decision (the engine still counts each request), and a client that hangs up does not
+cancel its item (its answer is dropped).
 
 The module is optional (`ingress.native_front`); where `_front` was not compiled the
 Python server serves alone (`available()`).
