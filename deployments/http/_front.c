@@ -638,9 +638,30 @@ static void do_accept(Front *f, double now) {
                 }
             }
             if (victim == UINT32_MAX) {
-                if (send(fd, f->busy.p, f->busy.len, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0)
-                    shutdown(fd, SHUT_WR);
-                close(fd);
+                /* every one has a request under way: 503, then a lingering close (the
+                 * client reads the 503, not a reset), in one of the spare slots */
+                if (!f->nfree) {
+                    if (send(fd, f->busy.p, f->busy.len, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0)
+                        shutdown(fd, SHUT_WR);
+                    close(fd);
+                    continue;
+                }
+                uint32_t slot = f->freelist[--f->nfree];
+                conn_t *c = &f->conns[slot];
+                uint32_t gen = c->gen;
+                memset(c, 0, sizeof *c);
+                c->gen = gen; c->fd = fd; c->open = 1; c->last_io = now;
+                c->mode = M_LINGER; c->shut_after = 1; c->linger_until = now + LINGER_S;
+                c->events = EPOLLIN;
+                struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ((uint64_t)gen << 32) | slot};
+                if (buf_add(&c->out, f->busy.p, f->busy.len) ||
+                    epoll_ctl(f->ep, EPOLL_CTL_ADD, fd, &ev)) {
+                    buf_free(&c->out); close(fd); c->open = 0; c->fd = -1;
+                    f->freelist[f->nfree++] = slot;
+                    continue;
+                }
+                f->nconn++;
+                flush(f, slot);
                 continue;
             }
             close_conn(f, victim, 0);
