@@ -33,8 +33,8 @@ class WaitHistogram:
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
 
-    def observe(self, value_s: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS_S, value_s)] += 1
+    def observe(self, value_s: float, n: int = 1) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS_S, value_s)] += n
 
 
 def quantile(q: float, counts: Sequence[float],
@@ -88,8 +88,7 @@ class BatchStats:
     def record_queue(self, wait_s: float, requests: int = 1) -> None:
         self.queue_count += requests
         self.queue_s += wait_s * requests
-        for _ in range(requests):
-            self.queue_hist.observe(wait_s)
+        self.queue_hist.observe(wait_s, requests)
 
     def record_outcome(self, ok: bool, duration_s: float, requests: int = 1) -> None:
         if ok:

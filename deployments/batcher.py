@@ -41,7 +41,14 @@ from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
 from deployments.heap import freeze_startup_heap
-from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
+from deployments.hosts import (
+    Host,
+    bundle_outcome,
+    entry_requests,
+    make_host,
+    model_kind,
+    submit_bundle_item,
+)
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
 from deployments.transit import Stamp, in_transit_s, less_transit
@@ -142,7 +149,7 @@ class BatcherActor:
                 opened[submit_bundle_item(host, self.kind, rid, entry)] = entry[0], rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
                 out.append((entry[0], None, e))
-                refused.extend([e] * (entry[5] if len(entry) > 5 else 1))  # a block: its count
+                refused.extend([e] * entry_requests(entry))  # a block: its count
                 continue
             if caller is not None:
                 by_key[caller, entry[0]] = rid

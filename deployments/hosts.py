@@ -72,7 +72,7 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
     Raises the request's error (InvalidRequest, QueueFull, UnknownSequence...) at once."""
     _, items, priority, timeout_s, *rest = entry
     control = rest[0] if rest else None
-    requests = rest[1] if len(rest) > 1 and type(rest[1]) is int and rest[1] > 0 else 1
+    requests = entry_requests(entry)
     if kind == "sequence":
         if control is None:
             raise InvalidRequest("this model is stateful: every request needs sequence_id "
@@ -88,6 +88,13 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
                              "(POST /v2/models/{name}/generate)")
     return host.submit(Request(request_id, items, False, priority, timeout_s, len(items),
                                requests))
+
+
+def entry_requests(entry: tuple) -> int:
+    """The clients' requests a bundle entry stands for: its 6th field (a block of the
+    native front's), else 1."""
+    n = entry[5] if len(entry) > 5 else 1
+    return n if type(n) is int and n > 0 else 1
 
 
 def bundle_outcome(key: Any, fut: asyncio.Future) -> tuple[Any, Any, BaseException | None]:

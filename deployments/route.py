@@ -137,9 +137,7 @@ class ModelRoute:
                                  f"generate_stream (POST /v2/models/{self.config.name}/generate)")
         shards = self.shards
         shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
-        if requests != 1:
-            return shard.submit(array, priority, timeout_s, None, requests)
-        return shard.submit(array, priority, timeout_s)
+        return shard.submit(array, priority, timeout_s, None, requests)
 
     def outputs(self, value: Any) -> dict[str, np.ndarray]:
         """The model's declared outputs from what the engine answered a request."""

@@ -33,6 +33,16 @@ def _status_line(status: int) -> bytes:
     return _STATUS.get(status) or b"HTTP/1.1 %d Status\r\n" % status
 
 
+def response_head(status: int, headers: list[tuple[bytes, bytes]],
+                  length: int | None) -> bytes:
+    """A response's status line and headers, with its Content-Length (None: without), up
+    to the connection line and the blank line: the quick lane's and the native front's."""
+    lines = [_status_line(status), *(b"%s: %s\r\n" % h for h in headers)]
+    if length is not None:
+        lines.append(b"content-length: %d\r\n" % length)
+    return b"".join(lines)
+
+
 def error_response(status: int, body: bytes, headers: list[tuple[bytes, bytes]] = ()) -> bytes:
     """A whole error response that closes the connection; `body` and `headers` as
     `deployments.http.errors.error_parts` makes them (the one error writer)."""
@@ -103,12 +113,9 @@ class Cycle:
         self.on_gone = None
         conn = self.conn
         if not conn.closed:
-            lines = [_status_line(status), *(b"%s: %s\r\n" % h for h in headers),
-                     b"content-length: %d\r\n" % sum(map(len, parts))]
-            if not self.keep_alive:
-                lines.append(_KEEP_CLOSE)
-            lines.append(b"\r\n")
-            conn.transport.writelines([b"".join(lines), *parts])
+            head = response_head(status, headers, sum(map(len, parts)))
+            end = _KEEP_CLOSE + b"\r\n" if not self.keep_alive else b"\r\n"
+            conn.transport.writelines([head + end, *parts])
         conn.done(self)
 
     def _failed(self, e: BaseException) -> None:

@@ -40,9 +40,9 @@ import logging
 import time
 from typing import Any
 
-from deployments.http.blocks import Blocks, _head
+from deployments.http.blocks import Blocks
 from deployments.http.connection import Connection
-from deployments.http.cycle import READ_BUFFER_BYTES, Cycle
+from deployments.http.cycle import READ_BUFFER_BYTES, Cycle, error_response
 from deployments.http.errors import Unavailable, error_parts
 from deployments.http.server import HttpServer
 
@@ -185,11 +185,6 @@ class FrontServer(HttpServer):
         self.book = Blocks(self)  # plans learnt, blocks in flight
         self.accepting = True
 
-    @classmethod
-    def from_config(cls, app: Any, ingress: Any, **kwargs: Any) -> FrontServer:
-        kwargs.pop("quick", None)
-        return super().from_config(app, ingress, **kwargs)  # type: ignore[return-value]
-
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
         sock = self._bind()
@@ -207,8 +202,7 @@ class FrontServer(HttpServer):
             self.front = _front.Front(
                 sock.fileno(), self.max_connections, self.max_pipelined, count, size, body,
                 self.max_unsent_bytes,
-                self.keep_alive_s, PARTIAL_S,
-                _head(status, headers, len(busy)) + b"connection: close\r\n\r\n" + busy)
+                self.keep_alive_s, PARTIAL_S, error_response(status, busy, headers))
         finally:
             sock.close()  # the front holds its own descriptor
         loop.add_reader(self.front.fileno(), self._wake)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
-from deployments.http.front import FrontServer, available
+from deployments.http.front import FrontServer
 from deployments.http.server import HttpServer
 from tests.unit.deployments.http.fakes import make_app
+from tests.unit.deployments.http.wire import front_by_default
 
 INFER = "/v2/models/square/infer"
 
@@ -61,8 +61,8 @@ class Served:
 
     def __init__(self, quick: bool = True, front: bool | None = None, **limits) -> None:
         self.app, self.backend = make_app(**limits)
-        if front is None:  # RAYBATCH_TEST_FRONT=1 runs every server test on the front
-            front = os.environ.get("RAYBATCH_TEST_FRONT") == "1" and available() and quick
+        if front is None:
+            front = front_by_default() and quick
         size = limits.get("max_header_bytes", 16 * 1024)
         if front:
             self.server = FrontServer(self.app, port=0, reuse_port=False, max_header_bytes=size)

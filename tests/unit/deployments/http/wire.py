@@ -45,15 +45,18 @@ async def echo_app(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": out})
 
 
+def front_by_default() -> bool:
+    """RAYBATCH_TEST_FRONT=1 runs every server test behind the native front."""
+    return os.environ.get("RAYBATCH_TEST_FRONT") == "1" and available()
+
+
 class ServerThread:
     """The server on a loop of its own thread: `with ServerThread() as s: s.port`."""
 
     def __init__(self, app: str = "oip", quick: bool = True, limits: dict | None = None,
                  front: bool | None = None, **server: Any) -> None:
         self.kind, self.quick, self.limits, self.server_kwargs = app, quick, limits or {}, server
-        if front is None:  # RAYBATCH_TEST_FRONT=1 runs every server test on the front
-            front = os.environ.get("RAYBATCH_TEST_FRONT") == "1" and available()
-        self.front = front
+        self.front = front_by_default() if front is None else front
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: HttpServer | None = None
