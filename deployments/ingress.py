@@ -153,6 +153,16 @@ class ServeBackend:
                             request.priority, request.timeout_s, _sequence(request),
                             received_s, requests), route.outputs
 
+    def gather_s(self, model: ModelEntry) -> float:
+        """How long the native front's requests of `model` may wait to fill a block while
+        this replica has a full batch of it in flight (`deployments.http.gather`): the
+        model's `max_queue_delay_s` where its engine is a batching actor (a block is one
+        Ray call and one engine request there); 0 where the engine runs in this replica."""
+        m = self.by_name[model.name]
+        if m.backend.placement != "actor" or m.config.batching.kind != "dynamic":
+            return 0.0
+        return m.config.batching.max_queue_delay_s
+
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:
         return await self.by_name[model.name].route.generate(text, params)

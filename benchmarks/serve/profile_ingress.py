@@ -264,11 +264,16 @@ async def main_async(args: argparse.Namespace) -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": FULL.port})
         for name in args.models:
             await profile_model(name, args.concurrency, args.duration, not args.json_http,
-                                Path(args.out), args.variant, args.path, args.process)
+                                _made(Path(args.out)), args.variant, args.path, args.process)
     finally:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: None)
         await serve.shutdown_async()
         ray.shutdown()
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ error. An error of the whole block
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import orjson
 
 from deployments.http.cycle import response_head
 from deployments.http.errors import Unavailable, error_parts, log_error
+from deployments.http.gather import Gather
 from deployments.protocol import (
     InferRequest,
     PayloadTooLarge,
@@ -51,6 +53,8 @@ class _Plan:
     rows: int  # its batch dim: items per request
     size: int  # tensor bytes per request
     per_block: int  # requests per block
+    pid: int = -1  # its index among the plans
+    gather: Gather | None = None  # its model's gathering, where blocks wait to fill
     rows_checked: bool = False  # one JSON output cut from the block's: checked once
 
 
@@ -64,6 +68,8 @@ class Blocks:
         self.plans: list[_Plan] = []
         self._known: set[tuple[bytes, bytes, bool]] = set()
         self.pending = 0  # blocks the engine has not answered yet
+        self.gathers: dict[str, Gather] = {}  # model -> its gathering (`gather`)
+        self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def learn(self, scope: dict, body: bytes) -> None:
         """The Python server answered this request 200: if the engine takes its kind as
@@ -95,6 +101,7 @@ class Blocks:
             plan = self._plan(scope, header)
         front = self.server.front
         if plan is not None and front.add_plan(target, header, plan.size, len(self.plans), size):
+            plan.pid = len(self.plans)
             self.plans.append(plan)
 
     def _model(self, scope: dict) -> tuple[Any, Any] | None:
@@ -148,8 +155,15 @@ class Blocks:
             return None
         most = model.spec.max_batch_size or plan.batch_size
         path = route.template.replace("{model}", model.name)
+        gather = self.gathers.get(model.name)
+        if gather is None:
+            hold = getattr(self.server.oip.backend, "gather_s", None)
+            delay_s = hold(model) if hold is not None else 0.0
+            if delay_s > 0:
+                gather = self.gathers[model.name] = Gather(most, delay_s)
         return _Plan(model, route.template, path, plan, name, dtype, tuple(shape[1:]),
-                     plan.batch_size, plan.binary_size, max(1, most // plan.batch_size))
+                     plan.batch_size, plan.binary_size, max(1, most // plan.batch_size),
+                     gather=gather)
 
     # -- queued requests, in blocks ---------------------------------------------------------
     def queued(self, arrivals: bytes, payloads: bytes) -> None:
@@ -170,9 +184,66 @@ class Blocks:
         for pid, part, payload in groups:
             plan = self.plans[pid]
             try:
-                self._blocks(plan, part, payload)
+                if plan.gather is not None:
+                    self._gathered(plan, part, payload)
+                else:
+                    self._blocks(plan, part, payload)
             except Exception as exc:  # a bug here: those requests still get an answer
                 self._fail(plan, part["token"].tobytes(), len(part), exc)
+
+    # -- gathering (deployments.http.gather) ------------------------------------------------
+    def _gathered(self, plan: _Plan, rec: np.ndarray, data: memoryview) -> None:
+        """`plan`'s arrivals, through its model's gathering: held while it holds, until a
+        block is full; else sent with what waited before them."""
+        g = plan.gather
+        assert g is not None
+        if not g.holds() or self.server.oip.draining or not self.server.accepting:
+            if g.counts.get(plan.pid):
+                self._release(plan, [*g.take(plan.pid)[0][1], (rec, data)])
+            else:
+                self._blocks(plan, rec, data)
+            return
+        fresh = not g.counts
+        if g.hold(plan.pid, (rec, data), len(rec), time.monotonic()) >= plan.per_block:
+            self._release(plan, g.take(plan.pid)[0][1], whole=True)
+        if fresh and g.counts:
+            self._timers[plan.model.name] = asyncio.get_running_loop().call_at(
+                g.due_s, self._due, plan.model.name)
+
+    def _release(self, plan: _Plan, parts: list, whole: bool = False) -> None:
+        """Send `parts` of `plan` as blocks (`whole`: full blocks only, the rest waits on)."""
+        rec = np.concatenate([r for r, _ in parts]) if len(parts) > 1 else parts[0][0]
+        data = memoryview(b"".join(d for _, d in parts)) if len(parts) > 1 else parts[0][1]
+        n = len(rec)
+        if whole and n % plan.per_block:
+            cut = n - n % plan.per_block
+            assert plan.gather is not None
+            plan.gather.hold(plan.pid, (rec[cut:], data[cut * plan.size:]), n - cut,
+                             time.monotonic())
+            rec, data = rec[:cut], data[:cut * plan.size]
+        try:
+            self._blocks(plan, rec, data)
+        except Exception as exc:  # a bug here: those requests still get an answer
+            self._fail(plan, rec["token"].tobytes(), len(rec), exc)
+
+    def release(self, model: str | None = None) -> None:
+        """Send whatever waits (of `model`, or of every model) now."""
+        for name, g in self.gathers.items() if model is None else [(model, self.gathers[model])]:
+            timer = self._timers.pop(name, None)
+            if timer is not None:
+                timer.cancel()
+            for pid, parts in g.take():
+                self._release(self.plans[pid], parts)
+
+    def _due(self, model: str) -> None:
+        self._timers.pop(model, None)
+        g = self.gathers[model]
+        if g.counts:
+            if time.monotonic() >= g.due_s - 1e-4:
+                self.release(model)
+            else:
+                self._timers[model] = asyncio.get_running_loop().call_at(
+                    g.due_s, self._due, model)
 
     def _blocks(self, plan: _Plan, rec: np.ndarray, data: memoryview) -> None:
         step, size = plan.per_block, plan.size
@@ -219,6 +290,8 @@ class Blocks:
             return
         app.inflight += k
         self.pending += 1
+        if plan.gather is not None:
+            plan.gather.sent(k * plan.rows)
         future.add_done_callback(
             lambda f: self._answered(plan, request, tokens, k, outputs, f))
 
@@ -229,6 +302,11 @@ class Blocks:
         app.inflight -= k
         if app.inflight == 0 and app._idle is not None:
             app._idle.set()
+        g = plan.gather
+        if g is not None:
+            g.answered(k * plan.rows)
+            if g.counts and not g.holds():
+                self.release(plan.model.name)
         try:
             if future.cancelled():
                 raise asyncio.CancelledError("the engine dropped the block")

@@ -210,6 +210,7 @@ class FrontServer(HttpServer):
 
     def close(self) -> None:
         self.accepting = False
+        self.book.release()  # what waited to fill a block goes now
         if self.front is not None:
             self.front.set(not (self.oip and self.oip.draining), False)
         super().close()

@@ -1,0 +1,161 @@
+"""Gathering (`deployments.http.gather`), its rule alone (a fake clock), and through the
+native front over real sockets (no Ray): the front's requests of a model that already has
+a full batch in flight wait to fill a block, and go on when a block is full, when the
+work in flight falls below a batch, when the oldest has waited the model's delay, or when
+the server stops; every request still gets its own answer."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import struct
+
+import pytest
+
+from deployments.http.front import available
+from deployments.http.gather import Gather
+from tests.unit.deployments.http.fakes import run
+from tests.unit.deployments.http.served import Served, read_response
+from tests.unit.deployments.http.test_front import _learnt, binary
+
+
+def test_nothing_waits_below_a_full_batch_in_flight_nor_with_no_delay():
+    g = Gather(batch=64, delay_s=0.002)
+    assert not g.holds()
+    g.sent(63)
+    assert not g.holds()
+    g.sent(1)
+    assert g.holds()
+    assert not Gather(batch=64, delay_s=0.0, inflight=640).holds()
+
+
+def test_what_waits_is_taken_in_order_and_the_oldest_sets_the_due_time():
+    g = Gather(batch=4, delay_s=0.5, inflight=4)
+    assert g.hold(0, "a", 2, now=10.0) == 2 and g.due_s == 10.5
+    assert g.hold(1, "x", 1, now=10.2) == 1 and g.due_s == 10.5
+    assert g.hold(0, "b", 3, now=10.3) == 5 and g.waiting == 6
+    assert g.take(0) == [(0, ["a", "b"])] and g.due_s == 10.5  # plan 1 still waits
+    assert g.take() == [(1, ["x"])] and g.due_s == math.inf and g.waiting == 0
+    assert g.take() == [] and g.take(7) == []
+    g.answered(4)
+    assert not g.holds()
+
+
+needs_front = pytest.mark.skipif(not available(), reason="the native front is not compiled "
+                                 "(needs a C compiler): run `make setup` with gcc installed")
+
+
+async def _gathering(delay_s: float):
+    """A front whose backend gathers `square` with `delay_s`, its plan learnt, and a log of
+    the items of each block submitted."""
+    s = Served(front=True)
+    s.backend.gather_s = lambda model: delay_s if model.name == "square" else 0.0
+    await s.__aenter__()
+    await asyncio.to_thread(_learnt, s)
+    submit, sizes = s.app._submit, []
+
+    def logged(model, request, received_s=None, requests=1):
+        sizes.append(request.batch_size)
+        return submit(model, request, received_s, requests)
+
+    s.app._submit = logged
+    return s, sizes
+
+
+async def _send(s: Served, values: range) -> list:
+    """One request [v, 2] per connection (a connection queues a few at most); their
+    readers (each holding its writer: a writer collected closes its connection)."""
+    readers = []
+    for v in values:
+        r, w = await s.connect()
+        w.write(binary([float(v), 2.0]))
+        r.writer = w
+        readers.append(r)
+    return readers
+
+
+async def _until(check, what: str) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def _squares(answers, first: int) -> None:
+    for i, a in enumerate(answers, first):
+        assert a.status == 200 and struct.unpack("<2f", a.body[-8:]) == (i * i, 4.0)
+
+
+@needs_front
+def test_arrivals_wait_while_a_full_batch_is_in_flight_and_go_when_it_comes_back():
+    async def main():
+        s, sizes = await _gathering(delay_s=30.0)  # only the batch's return sends them
+        try:
+            s.backend.step.clear()  # the model holds every batch until the test lets go
+            readers = await _send(s, range(32))  # 64 items
+            await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            readers += await _send(s, range(32, 37))
+            book = s.server.book
+            await _until(lambda: book.gathers["square"].waiting == 5, "five waiting")
+            await asyncio.sleep(0.05)
+            waited = list(sizes)
+            s.backend.step.set()
+            answers = [await read_response(r) for r in readers]
+            return waited, sizes, answers
+        finally:
+            await s.__aexit__(None, None, None)
+
+    waited, sizes, answers = run(main())
+    assert sum(waited) == 64  # the five held while the batch ran
+    assert sizes[-1] == 10 and sum(sizes) == 74  # then one block of all five
+    _squares(answers, 0)
+
+
+@needs_front
+def test_a_full_block_goes_at_once_and_the_rest_waits_for_the_delay():
+    async def main():
+        s, sizes = await _gathering(delay_s=0.3)
+        try:
+            s.backend.step.clear()
+            readers = await _send(s, range(32))
+            await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            first = len(sizes)
+            readers += await _send(s, range(32, 72))  # 1.25 blocks
+            await _until(lambda: sum(sizes) == 128, "the second full block submitted")
+            early = sizes[first:]
+            start = asyncio.get_running_loop().time()
+            await _until(lambda: sum(sizes) == 144, "the rest submitted after the delay")
+            took = asyncio.get_running_loop().time() - start
+            s.backend.step.set()
+            answers = [await read_response(r) for r in readers]
+            return early, sizes[first:], took, answers
+        finally:
+            await s.__aexit__(None, None, None)
+
+    early, sizes, took, answers = run(main())
+    assert early == [64] and sizes == [64, 16]  # a full block at once, the rest later
+    assert 0.1 < took < 5.0  # the delay's rest, not at once
+    _squares(answers, 0)
+
+
+@needs_front
+def test_stopping_sends_what_waits_and_answers_it():
+    async def main():
+        s, sizes = await _gathering(delay_s=30.0)
+        s.backend.step.clear()
+        readers = await _send(s, range(32))
+        await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+        r2, w2 = await s.connect()
+        w2.write(binary([7.0, 2.0]) + binary([8.0, 2.0]))
+        await _until(lambda: s.server.book.gathers["square"].waiting == 2, "two waiting")
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, s.backend.step.set)
+        await s.__aexit__(None, None, None)  # stop: what waits is sent and answered
+        first = [await read_response(r) for r in readers]
+        return sizes, first, [await read_response(r2) for _ in range(2)]
+
+    sizes, first, answers = run(main())
+    assert sum(sizes) == 68 and sizes[-1] == 4
+    _squares(first, 0)
+    _squares(answers, 7)
