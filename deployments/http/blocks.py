@@ -11,7 +11,9 @@ floats cut from one orjson call (checked equal to the Python path's answer for e
 block's first request, and for the second once a plan); anything else (BYTES, several
 JSON outputs, NaN in one request's rows) request by request, each with its own answer or
 error. An error of the whole block
-(admission, the model) is the same answer to each of its requests.
+(admission, the model) is the same answer to each of its requests. Where a model's engine
+is in batching actors, its arrivals gather into full blocks while a batch of it is in
+flight (`deployments.http.gather`).
 """
 
 from __future__ import annotations
