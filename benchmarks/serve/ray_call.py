@@ -54,17 +54,17 @@ async def measure(actor: Any, make: Callable[[], Any], calls: int) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--passes", type=int, default=2)
     args = parser.parse_args()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         actor = Echo.remote()
         ray.get(actor.cpu_s.remote())
         print(f"{'payload':40s} {'wall µs':>8s} {'caller CPU µs':>14s} {'actor CPU µs':>13s}")
-        for round_ in range(args.rounds):
+        for pass_ in range(args.passes):
             for name, make in payloads().items():
                 wall, caller, callee = asyncio.run(measure(actor, make, args.calls))
-                print(f"{name:40s} {wall:8.0f} {caller:14.0f} {callee:13.0f}  (round {round_ + 1})")
+                print(f"{name:40s} {wall:8.0f} {caller:14.0f} {callee:13.0f}  (pass {pass_ + 1})")
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"{args.calls} calls each, one at a time; load average {load} on "
               f"{os.cpu_count()} CPUs")
