@@ -108,6 +108,12 @@ class BatcherConfig(BaseModel):
     num_cpus: float = Field(default=0.0, ge=0)
     """CPUs each batching actor reserves (placement `actor`), besides what its in-process
     replicas reserve (`replicas.in_process`)."""
+    link: bool = True
+    """Placement `actor`: callers (ingress replicas, `RaybatchClient`) send bundles and
+    cancels to the batching actor on a direct TCP connection (127.0.0.1 on its node, the
+    node's address from elsewhere; a token from Ray first) instead of a Ray actor call
+    each (about 1.3 ms of CPU a call on 2 cores); everything else stays a Ray call. False,
+    or where no connection opens (a network that allows only Ray's ports): a Ray call each."""
 
 
 class LimitsConfig(BaseModel):

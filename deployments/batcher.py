@@ -49,9 +49,10 @@ from deployments.hosts import (
     model_kind,
     submit_bundle_item,
 )
+from deployments.link import LinkServer
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
-from deployments.transit import Stamp, in_transit_s, less_transit
+from deployments.transit import Stamp, in_transit_s, less_transit, node_id
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class BatcherActor:
         self.host: Host | None = None
         self.pool: ReplicaPool | None = None
         self.hub: StreamHub | None = None
+        self.link: LinkServer | None = None  # callers' direct connections (deployments.link)
         # Start the replicas now, not at the first call: Serve creates this actor before
         # the ingress replicas, so the model's replicas (and their setup, e.g. a model
         # that trains for seconds) overlap the ingress's own start. Ray runs an async
@@ -170,6 +172,16 @@ class BatcherActor:
         out += [bundle_outcome(key, f) for f, (key, _) in opened.items()]
         return pack_outcomes(bundle, out)
 
+    async def link_address(self, caller_node: str | None = None) -> tuple[str, int, bytes]:
+        """Where a caller connects to send bundles and cancels without a Ray call each
+        (`deployments.link`): 127.0.0.1 for a caller on this node, this node's address
+        for one elsewhere; with the token it must send first."""
+        if self.link is None:
+            self.link = LinkServer(self.infer, self.cancel)
+        here = caller_node is not None and caller_node == node_id()
+        return await self.link.address("127.0.0.1" if here else
+                                       ray.util.get_node_ip_address())
+
     async def cancel(self, caller: str, keys: list[Any]) -> int:
         """Cancel `caller`'s requests `keys` (it gave up on them): what is still queued
         never runs; each ends with Cancelled. Keys already ended are ignored. Returns how
@@ -246,6 +258,8 @@ class BatcherActor:
                 "batch_limit": limit,
                 "cancelled_by_caller": self.cancelled_by_caller,
                 "attached_ingress_replicas": len(self.attachments),
+                # callers sending on a direct connection (deployments.link)
+                "linked_callers": len(self.link.connections) if self.link else 0,
                 "draining": self.draining is not None}
 
 

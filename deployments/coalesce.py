@@ -23,6 +23,15 @@ context (`detached`): Ray takes the parent of a call made in an async actor from
 the context (`ray._raylet.async_task_id`), and the flush would otherwise inherit
 the first submitter's, so Serve cancelling that one HTTP request would cancel
 the whole bundle's call, and every batch-mate in it with `WorkerDied`.
+
+With `batcher.link` (the default) bundles and cancels go on a direct connection to the
+batching actor (`deployments.link`) instead of a Ray call each, once it is open: the
+first bundles go as Ray calls while it opens, and a cancel goes the way its request did,
+so the actor still sees a request before its cancel. A connection that ends fails its
+open bundles as a failed Ray call would, with what Ray says of the actor (dead, or
+ended on purpose: `BatcherStopped`); the next bundle opens another. Where no connection
+can be opened (another version's actor, a network between nodes that allows only Ray's
+ports) the bundles go as Ray calls, and opening is tried again a while later.
 """
 
 from __future__ import annotations
@@ -37,12 +46,14 @@ from typing import Any
 from batching.errors import WorkerDied
 from batching.loop import detached
 from deployments.bundles import outcomes, pack
-from deployments.transit import stamp
+from deployments.link import Link, LinkLost
+from deployments.transit import node_id, stamp
 
 log = logging.getLogger(__name__)
 # How Ray 2.60 words an actor ended on purpose (`ray.kill`), as Serve ends a stopped
 # version's batching actors once their drain is done (`deployments.drain`).
 _KILLED = "killed by `ray.kill`"
+RETRY_LINK_S = 10.0  # after a connection could not be opened, Ray calls until then
 
 
 class BatcherStopped(WorkerDied):
@@ -60,7 +71,7 @@ class Coalescer:
     """
 
     def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64,
-                 on_lost: Callable[[int], None] | None = None) -> None:
+                 on_lost: Callable[[int], None] | None = None, link: bool = True) -> None:
         self._get_actor = get_actor
         self._bundle_items = bundle_items
         self._on_lost = on_lost  # told how many requests a failed bundle ended (metrics)
@@ -73,6 +84,13 @@ class Coalescer:
         self._to_cancel: list[int] = []
         self.bundles_sent = 0
         self.cancels_sent = 0
+        self._use_link = link
+        self._link: Link | None = None  # the open connection to the actor, if any
+        self._opening: asyncio.Task | None = None
+        self._retry_at = 0.0  # loop time before which no connection is tried again
+        self._link_failed = False  # said once in the log
+        self._ray_keys: set[int] = set()  # open requests sent in Ray calls (with a link)
+        self.linked_bundles = 0  # bundles sent on the connection
 
     @property
     def outstanding(self) -> int:
@@ -116,18 +134,28 @@ class Coalescer:
 
     def _start(self, bundle: list[tuple]) -> None:
         self.bundles_sent += 1
+        link = self._link
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            call = self._actor.infer.remote(pack(bundle), self.caller, stamp())  # now: see the note
+            if link is not None and not link.closed:
+                call = link.infer(pack(bundle), self.caller, stamp())
+                self.linked_bundles += 1
+            else:
+                link = None
+                # submitted now, in this tick: see the note
+                call = self._actor.infer.remote(pack(bundle), self.caller, stamp())
+                if self._use_link:
+                    self._ray_keys.update(entry[0] for entry in bundle)
+                    self._open_link()
         except Exception as e:
             self._lost(bundle, e)
             return
-        task = asyncio.get_running_loop().create_task(self._answer(bundle, call))
+        task = asyncio.get_running_loop().create_task(self._answer(bundle, call, link))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    async def _answer(self, bundle: list[tuple], call: Any) -> None:
+    async def _answer(self, bundle: list[tuple], call: Any, link: Link | None) -> None:
         try:
             for key, value, error in outcomes(await call):
                 fut = self._futures.pop(key, None)
@@ -137,11 +165,53 @@ class Coalescer:
                     fut.set_result(value)
                 else:
                     fut.set_exception(error)
+        except LinkLost as e:
+            await self._link_lost(bundle, e, link)
         except Exception as e:
             self._lost(bundle, e)
         finally:
+            if link is None and self._ray_keys:
+                self._ray_keys.difference_update(entry[0] for entry in bundle)
             self._fail(bundle, WorkerDied("the batching actor answered without an outcome "
                                           "for this request"))
+
+    # -- the direct connection (deployments.link) -----------------------------------------
+    def _open_link(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._opening is None and loop.time() >= self._retry_at:
+            self._opening = loop.create_task(self._open(self._actor))
+
+    async def _open(self, actor: Any) -> None:
+        try:
+            host, port, token = await actor.link_address.remote(node_id())
+            link = await Link.open_to(host, port, token)
+        except Exception as e:
+            self._retry_at = asyncio.get_running_loop().time() + RETRY_LINK_S
+            (log.debug if self._link_failed else log.warning)(
+                "no direct connection to the batching actor (%r): bundles go as Ray calls; "
+                "trying again every %.0f s", e, RETRY_LINK_S)
+            self._link_failed = True
+            return
+        finally:
+            self._opening = None
+        if self._actor is actor and self._use_link:
+            self._link = link
+        else:  # the actor was replaced meanwhile
+            link.close()
+
+    async def _link_lost(self, bundle: list[tuple], e: LinkLost, link: Link | None) -> None:
+        """The connection ended with `bundle` open: fail it with what Ray says of the actor
+        (dead, or ended on purpose), or with `e` if the actor lives on."""
+        if self._link is link:
+            self._link = None
+        actor = self._actor
+        try:
+            if actor is not None:
+                await actor.ready.remote()
+        except Exception as died:
+            self._lost(bundle, died)
+            return
+        self._lost(bundle, e)
 
     def _lost(self, bundle: list[tuple], e: BaseException) -> None:
         self._actor = None
@@ -175,6 +245,15 @@ class Coalescer:
         if self._actor is None:
             return  # the actor that had them is gone, and their requests with it
         self.cancels_sent += 1
+        link = self._link
+        if link is not None and not link.closed:  # each goes the way its request went
+            by_ray = [k for k in keys if k in self._ray_keys] if self._ray_keys else []
+            if len(by_ray) < len(keys):
+                link.cancel(self.caller, [k for k in keys if k not in self._ray_keys]
+                            if by_ray else keys)
+            if not by_ray:
+                return
+            keys = by_ray
         try:
             call = self._actor.cancel.remote(self.caller, keys)
         except Exception as e:

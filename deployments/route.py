@@ -57,7 +57,8 @@ class ModelRoute:
         self.metrics = metrics
         size = getattr(config.batching, "max_batch_size", 64)
         lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
-        self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost)
+        link = config.batcher.link
+        self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost, link=link)
                                  for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = generators if generators is not None else (

@@ -330,7 +330,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--custom", nargs="+", default=[], metavar="PLACEMENT[+OPTION...]",
                     help="one-off Raybatch apps beside the setups: actor|ingress, then options "
                          "(benchmarks.serve.settings.OPTIONS): idle, inproc, native, fill, "
-                         "leadN, ahead, pipe1, access; e.g. ingress+idle+inproc+fill")
+                         "leadN, ahead, pipe1, access, raycall; e.g. ingress+idle+inproc+fill")
     ap.add_argument("--peers", nargs="*", choices=tuple(PEERS), default=["serve", "serve.batch"],
                     help="Serve baselines to run beside Raybatch")
     ap.add_argument("--http-driver", choices=("wrk", "aiohttp"), default="wrk",

@@ -106,10 +106,12 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
     HTTP server on `native_port` (`ingress.native_port`), `+pipe1` for one batch in
     flight per replica (`replicas.max_inflight_batches: 1`), `+fill` for `fill_while_busy`,
     `+leadN` for its `busy_lead_s` of N ms, `+ahead` for `replicas.read_ahead` (replica
-    actors read their next batch while they run one; the default for GPU replicas)."""
+    actors read their next batch while they run one; the default for GPU replicas),
+    `+raycall` for `batcher.link: false` (a Ray call per bundle)."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
-    m["batcher"] = {**m.get("batcher", {}), "placement": placement}
+    m["batcher"] = {**m.get("batcher", {}), "placement": placement,
+                    "link": "raycall" not in flags}
     m["replicas"] = {**m["replicas"], "in_process": "inproc" in flags}
     if "pipe1" in flags:
         m["replicas"]["max_inflight_batches"] = 1

@@ -1,7 +1,8 @@
 """The native front feeding a model whose engine is in batching actors (`sharded`: two
 shards, batches of 16, a 2 ms delay): its requests gather into blocks while a batch is in
 flight (`deployments.http.gather`), and under a load of pipelined clients each still gets
-its own answer, and the actors count every request once."""
+its own answer, and the actors count every request once; the bundles go on the
+ingress's direct connection to the actors (`batcher.link`)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,5 @@ def test_pipelined_clients_through_the_front_to_batching_actors_get_their_own_an
     after = app.stats("sharded")
     n = CONNECTIONS * EACH
     assert after["success"]["count"] - before["success"]["count"] == n
+    # the bundles went on the ingress's direct connection to each batching actor
+    assert after["linked_callers"] >= 1, after

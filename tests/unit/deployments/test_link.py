@@ -1,0 +1,231 @@
+"""The direct connection to a batching actor (`deployments.link`) over a real loopback
+socket (no Ray): frames both ways, errors, order of a cancel after its bundle, what ends
+a connection (a wrong token, a frame too large, either side going away); and the
+`Coalescer` on it: the first bundle as a Ray call while the connection opens, the next
+on it, each cancel the way its request went, and a connection that ends failing its
+bundles with what Ray says of the actor."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+
+import pytest
+
+from batching.errors import InvalidRequest, WorkerDied
+from deployments.coalesce import BatcherStopped, Coalescer
+from deployments.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+class Actor:
+    """What the link serves: infer answers x -> 10x per entry, or waits while `hold`."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []  # ("infer", keys) / ("cancel", keys), in order
+        self.hold = asyncio.Event()
+        self.hold.set()
+        self.cancelled_calls = 0
+
+    async def infer(self, bundle, caller=None, sent=None):
+        self.seen.append(("infer", [e[0] for e in bundle]))
+        if any(e[1] == "bad" for e in bundle):
+            raise InvalidRequest("a bad bundle")
+        try:
+            await self.hold.wait()
+        except asyncio.CancelledError:
+            self.cancelled_calls += 1
+            raise
+        return [(e[0], [x * 10 for x in e[1]], None) for e in bundle]
+
+    async def cancel(self, caller, keys):
+        self.seen.append(("cancel", list(keys)))
+        return len(keys)
+
+
+async def _pair(actor: Actor) -> tuple[LinkServer, Link]:
+    server = LinkServer(actor.infer, actor.cancel)
+    host, port, token = await server.address("127.0.0.1")
+    return server, await Link.open_to(host, port, token)
+
+
+async def _until(check, what: str) -> None:
+    for _ in range(300):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+def test_bundles_come_back_with_their_answers_and_errors_as_raised():
+    async def main():
+        actor = Actor()
+        server, link = await _pair(actor)
+        answers = await asyncio.gather(*(link.infer([(i, [i, i + 1])], "c", None)
+                                         for i in range(50)))
+        with pytest.raises(InvalidRequest, match="a bad bundle"):
+            await link.infer([(99, "bad")], "c", None)
+        link.close()
+        server.close()
+        return answers
+
+    answers = run(main())
+    assert answers == [[(i, [10 * i, 10 * i + 10], None)] for i in range(50)]
+
+
+def test_a_cancel_sent_after_its_bundle_is_seen_after_it():
+    async def main():
+        actor = Actor()
+        actor.hold.clear()
+        server, link = await _pair(actor)
+        fut = link.infer([(1, [1]), (2, [2])], "c", None)
+        link.cancel("c", [2])
+        await _until(lambda: len(actor.seen) == 2, "both frames")
+        actor.hold.set()
+        await fut
+        server.close()
+        return actor.seen
+
+    assert run(main()) == [("infer", [1, 2]), ("cancel", [2])]
+
+
+def test_a_caller_that_goes_away_has_its_open_calls_cancelled_at_the_actor():
+    async def main():
+        actor = Actor()
+        actor.hold.clear()
+        server, link = await _pair(actor)
+        fut = link.infer([(1, [1])], "c", None)
+        await _until(lambda: actor.seen, "the bundle at the actor")
+        link.close()
+        with pytest.raises(LinkLost):
+            await fut
+        await _until(lambda: actor.cancelled_calls == 1, "the call cancelled")
+        server.close()
+
+    run(main())
+
+
+def test_an_actor_that_goes_away_fails_every_open_call_with_link_lost():
+    async def main():
+        actor = Actor()
+        actor.hold.clear()
+        server, link = await _pair(actor)
+        futs = [link.infer([(i, [i])], "c", None) for i in range(3)]
+        await _until(lambda: len(actor.seen) == 3, "the bundles at the actor")
+        server.close()
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        late = await asyncio.gather(link.infer([(9, [9])], "c", None), return_exceptions=True)
+        return results + late
+
+    results = run(main())
+    assert all(isinstance(r, LinkLost) and isinstance(r, WorkerDied) for r in results)
+
+
+@pytest.mark.parametrize("first", [b"x" * 16, None], ids=["wrong-token", "oversized-frame"])
+def test_a_wrong_token_or_a_frame_past_the_limit_ends_the_connection_unread(first):
+    async def main():
+        actor = Actor()
+        server = LinkServer(actor.infer, actor.cancel)
+        host, port, token = await server.address("127.0.0.1")
+        sock = socket.create_connection((host, port), timeout=5)
+        payload = pickle.dumps(([(1, [1])], "c", None), protocol=5)  # a real bundle
+        frame = HEAD.pack(len(payload), 1, INFER) + payload
+        if first is None:  # the token, then a length past MAX_FRAME
+            sock.sendall(token + struct.pack("<IQB", MAX_FRAME + 1, 1, INFER) + b"junk")
+        else:
+            sock.sendall(first + frame)
+        data = await asyncio.to_thread(sock.recv, 100)
+        sock.close()
+        server.close()
+        return data, actor.seen
+
+    data, seen = run(main())
+    assert data == b"" and seen == []  # closed, nothing run
+
+
+class LinkedActor:
+    """A batching actor as the Coalescer sees it: Ray-call methods (futures) and a real
+    link; `dead_because` makes `ready` raise as Ray does for a dead actor."""
+
+    def __init__(self, actor: Actor) -> None:
+        self.actor, self.server = actor, LinkServer(actor.infer, actor.cancel)
+        self.ray_bundles: list = []
+        self.ray_cancels: list = []
+        self.dead_because: str | None = None
+        outer = self
+
+        class _M:
+            def __init__(self, fn):
+                self.fn = fn
+
+            def remote(self, *args):
+                return asyncio.ensure_future(self.fn(*args))
+
+        async def infer(bundle, caller, sent):
+            outer.ray_bundles.append([e[0] for e in bundle])
+            return await actor.infer(bundle, caller, sent)
+
+        async def cancel(caller, keys):
+            outer.ray_cancels.append(list(keys))
+            return await actor.cancel(caller, keys)
+
+        async def ready():
+            if outer.dead_because:
+                raise RuntimeError(outer.dead_because)
+            return True
+
+        self.infer, self.cancel, self.ready = _M(infer), _M(cancel), _M(ready)
+        self.link_address = _M(lambda node: self.server.address("127.0.0.1"))
+
+
+def test_the_coalescer_sends_on_the_link_once_open_and_cancels_the_way_each_went():
+    async def main():
+        actor = Actor()
+        fake = LinkedActor(actor)
+        c = Coalescer(lambda: fake, bundle_items=4)
+        actor.hold.clear()
+        first = c.submit([1], None, None)  # a Ray call; the link opens meanwhile
+        await _until(lambda: c._link is not None, "the link open")
+        second = c.submit([2], None, None)  # on the link
+        await _until(lambda: len(actor.seen) == 2, "both bundles at the actor")
+        first.cancel()
+        second.cancel()
+        await _until(lambda: len(actor.seen) == 4, "both cancels at the actor")
+        actor.hold.set()
+        third = await c.submit([3], None, None)
+        return fake, actor.seen, third, c.linked_bundles
+
+    fake, seen, third, linked = run(main())
+    assert fake.ray_bundles == [[0]] and linked == 2 and third == [30]
+    assert fake.ray_cancels == [[0]]  # the Ray call's request cancelled by Ray
+    assert ("cancel", [1]) in seen  # the link's on the link
+
+
+@pytest.mark.parametrize("why", ["The actor died because it was killed by `ray.kill`.",
+                                 "the actor's process exited", None])
+def test_a_link_that_ends_fails_its_bundles_as_ray_says_of_the_actor(why):
+    async def main():
+        actor = Actor()
+        fake = LinkedActor(actor)
+        c = Coalescer(lambda: fake, bundle_items=4)
+        await c.submit([1], None, None)
+        await _until(lambda: c._link is not None, "the link open")
+        actor.hold.clear()
+        fut = c.submit([2], None, None)
+        await _until(lambda: len(actor.seen) == 2, "the bundle at the actor")
+        fake.dead_because = why
+        fake.server.close()
+        try:
+            await fut
+        except Exception as e:
+            return e
+
+    error = run(main())
+    assert isinstance(error, WorkerDied)
+    assert isinstance(error, BatcherStopped) == (why is not None and "ray.kill" in why)
+    assert ("connection" in str(error)) == (why is None)
