@@ -139,7 +139,7 @@ class Coalescer:
             if self._actor is None:
                 self._actor = self._get_actor()
             if link is not None and not link.closed:
-                call = link.infer(pack(bundle), self.caller, stamp())
+                call = link.call(pack(bundle), self.caller, stamp())
                 self.linked_bundles += 1
             else:
                 link = None

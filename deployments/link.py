@@ -28,7 +28,9 @@ import logging
 import pickle
 import secrets
 import struct
+import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching.errors import WorkerDied
@@ -174,7 +176,7 @@ class LinkServer:
 
 
 class Link(_Framing):
-    """The caller's side: `infer` returns a future of the actor's answer; `cancel` sends."""
+    """The caller's side: `call` returns a future of the actor's answer; `cancel` sends."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -188,15 +190,16 @@ class Link(_Framing):
         link.transport.write(token)
         return link
 
-    def infer(self, bundle: Any, caller: str | None, sent: Any) -> asyncio.Future:
+    def call(self, *args: Any) -> asyncio.Future:
+        """The future of the served function's answer to `args` (`infer` at a batching
+        actor: bundle, caller, sent; `run` at a replica: the batch's items)."""
         fut = asyncio.get_running_loop().create_future()
         if self.closed:
-            fut.set_exception(LinkLost("the connection to the batching actor was closed"))
+            fut.set_exception(LinkLost("the connection was closed"))
             return fut
         self.next_id += 1
         self.open[self.next_id] = fut
-        self.transport.write(_frame(self.next_id, INFER,
-                                    pickle.dumps((bundle, caller, sent), protocol=5)))
+        self.transport.write(_frame(self.next_id, INFER, pickle.dumps(args, protocol=5)))
         return fut
 
     def cancel(self, caller: str, keys: list[Any]) -> None:
@@ -210,17 +213,17 @@ class Link(_Framing):
         try:
             value = pickle.loads(payload)
         except Exception as e:
-            fut.set_exception(LinkLost(f"an unreadable answer from the batching actor: {e!r}"))
+            fut.set_exception(LinkLost(f"an unreadable answer: {e!r}"))
             return
         if kind == REPLY:
             fut.set_result(value)
         else:
             fut.set_exception(value if isinstance(value, BaseException) else LinkLost(
-                f"the batching actor answered {value!r}"))
+                f"the other end answered {value!r}"))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
-        why = LinkLost(f"the connection to the batching actor ended ({exc or 'closed'})")
+        why = LinkLost(f"the connection ended ({exc or 'closed'})")
         for fut in self.open.values():
             if not fut.done():
                 fut.set_exception(why)
@@ -230,3 +233,25 @@ class Link(_Framing):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+class ThreadedLinkServer:
+    """A `LinkServer` for a sync actor (a model replica): its own event loop on a thread of
+    its own; each call runs `fn(*args)` on one of `workers` threads (the replica's pipeline
+    slots), so the next batch is read off the socket while one runs."""
+
+    def __init__(self, fn: Callable[..., Any], workers: int) -> None:
+        self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="link-call")
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="link", daemon=True).start()
+
+        async def call(*args: Any) -> Any:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+        async def cancel(*args: Any) -> int:
+            return 0  # a batch sent to a replica runs: its caller drops what it gave up on
+
+        self.server = LinkServer(call, cancel)
+
+    def address(self, host: str) -> tuple[str, int, bytes]:
+        return asyncio.run_coroutine_threadsafe(self.server.address(host), self.loop).result(30)

@@ -35,8 +35,10 @@ from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
 from deployments.inprocess import InProcessClient
+from deployments.link import Link, LinkLost
 from deployments.metrics import PoolSnapshot
 from deployments.replica import ModelReplica, ReplicaSetupError, reads_ahead
+from deployments.transit import node_id
 
 log = logging.getLogger(__name__)
 PENDING_WARN_S = 15.0
@@ -75,15 +77,58 @@ class RayReplicaClient:
     A timer, not `asyncio.wait_for`: no extra task per batch.
     """
 
-    def __init__(self, actor: Any, index: int, timeout_s: float | None = None) -> None:
+    def __init__(self, actor: Any, index: int, timeout_s: float | None = None,
+                 link: bool = False) -> None:
         self.actor = actor
         self.index = index
         self.name = f"replica-{index}"
         self.timeout_s = timeout_s
         self._stopped = False  # a batch ran past timeout_s: the actor is being killed
+        self._use_link = link  # batches on a direct connection (`replicas.link`)
+        self._link: Link | None = None
+        self._opening: asyncio.Task | None = None
+        self._retry_at = 0.0
 
     async def run(self, items: Any) -> tuple[Any, float]:
+        link = self._link
+        if link is not None and not link.closed:
+            return await self._on_link(link, items)
+        if self._use_link and self._opening is None and not self._stopped:
+            loop = asyncio.get_running_loop()
+            if loop.time() >= self._retry_at:
+                self._opening = detached_task(self._open())
         return await self._call(self.actor.run, items)
+
+    async def _open(self) -> None:
+        try:
+            self._link = await Link.open_to(*await self.actor.link_address.remote(node_id()))
+        except Exception as e:
+            self._retry_at = asyncio.get_running_loop().time() + 10.0
+            log.debug("%s: no direct connection (%r): batches go as Ray calls", self.name, e)
+        finally:
+            self._opening = None
+
+    async def _on_link(self, link: Link, items: Any) -> tuple[Any, float]:
+        """`run` on the connection; it ending is the replica's death (or, after the hung
+        timer stopped it, this batch's hang), as a failed Ray call is."""
+        hung: list[float] = []
+        timer = None if self.timeout_s is None else asyncio.get_running_loop().call_later(
+            self.timeout_s, self._stop_hung, hung)
+        try:
+            return await link.call(items)
+        except LinkLost as e:
+            if self._link is link:
+                self._link = None
+            if hung:
+                raise ReplicaHung(f"{self.name}: hung", BatchTimedOut(
+                    f"the model did not finish this request's batch within "
+                    f"replicas.batch_timeout_s={self.timeout_s} s on {self.name}, which was "
+                    f"stopped and replaced; raise batch_timeout_s if batches run this "
+                    f"long")) from e
+            raise ReplicaDied(f"{self.name}: {e}") from e
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def release(self, sequence_ids: list[Any]) -> None:
         await self._call(self.actor.release, sequence_ids)
@@ -99,6 +144,11 @@ class RayReplicaClient:
 
     def stop(self) -> None:
         ray.kill(self.actor, no_restart=True)
+        if self._link is not None:
+            try:
+                self._link.close()
+            except RuntimeError:  # its loop has ended: so has the connection
+                pass
 
     async def _call(self, method: Any, *args: Any) -> Any:
         hung: list[float] = []  # set by the timer when this call ran past timeout_s
@@ -206,7 +256,8 @@ class ReplicaPool:
             actor = ray.remote(concurrency_groups={"control": 1})(self._replica_class).options(
                 **self._actor_options(), **self._threads()).remote(
                 self._json, index, self.record_metrics)
-            client = RayReplicaClient(actor, index, r.batch_timeout_s)
+            client = RayReplicaClient(actor, index, r.batch_timeout_s, link=r.link and (
+                reads_ahead(self._replica_class, self.config)))
         self._starting[index] = client
         return index, client
 

@@ -11,7 +11,10 @@ between two batches); now the next batch is read, and the last one's results wri
 while the model runs, and the model still sees one thread (a model may keep per-thread
 state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: there
 that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`:
-`mlp` slower, `sleep` busy 0.83 -> 0.98). Sequence and generation replicas
+`mlp` slower, `sleep` busy 0.83 -> 0.98). Such a replica also takes its batches on a
+direct connection from its engine (`replicas.link`, `deployments.link`: a thread of its
+own reads them off the socket and hands each to the device thread) instead of a Ray call
+each. Sequence and generation replicas
 (`deployments.stateful_replica`) always keep one thread: their calls change state in
 the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
@@ -50,7 +53,9 @@ from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
 from deployments.heap import freeze_startup_heap
+from deployments.link import ThreadedLinkServer
 from deployments.metrics import ReplicaMetrics
+from deployments.transit import node_id
 from deployments.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -96,6 +101,7 @@ class ModelReplica:
         # In process, the host's client already runs every call on one thread of its own.
         self._device = (ThreadPoolExecutor(1, thread_name_prefix="model")
                         if reads_ahead(type(self), self.config, in_process) else None)
+        self._link: ThreadedLinkServer | None = None  # the engine's connection, once asked
         try:
             self._on_device(self._build, started)
         except Exception as e:  # reported by info(): the pool fails the deploy with it
@@ -140,6 +146,19 @@ class ModelReplica:
         if self._metrics is not None:
             self._metrics.compute(seconds)
         return seconds
+
+    @ray.method(concurrency_group="control")
+    def link_address(self, caller_node: str | None = None) -> tuple[str, int, bytes]:
+        """Where the engine connects to send batches without a Ray call each
+        (`replicas.link`, `deployments.link`): 127.0.0.1 for a caller on this node, this
+        node's address for one elsewhere; with the token it must send first. Each batch
+        runs as `run` does, on the device thread."""
+        if self._device is None:
+            raise RuntimeError("only a replica that reads ahead takes batches on a link")
+        if self._link is None:
+            self._link = ThreadedLinkServer(self.run, self.config.replicas.max_inflight_batches)
+        here = caller_node is not None and caller_node == node_id()
+        return self._link.address("127.0.0.1" if here else ray.util.get_node_ip_address())
 
     # Its own thread: `raybatch status` must not wait behind a batch that runs for seconds.
     @ray.method(concurrency_group="control")

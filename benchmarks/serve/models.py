@@ -107,7 +107,8 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
     flight per replica (`replicas.max_inflight_batches: 1`), `+fill` for `fill_while_busy`,
     `+leadN` for its `busy_lead_s` of N ms, `+ahead` for `replicas.read_ahead` (replica
     actors read their next batch while they run one; the default for GPU replicas),
-    `+raycall` for `batcher.link: false` (a Ray call per bundle)."""
+    `+raycall` for `batcher.link` and `replicas.link` false (a Ray call per bundle and
+    per batch)."""
     placement, *flags = variant.split("+")
     m = model.config.model_dump(mode="json")
     m["batcher"] = {**m.get("batcher", {}), "placement": placement,
@@ -117,6 +118,7 @@ def raybatch_config(model: BenchModel, app_name: str, route_prefix: str,
         m["replicas"]["max_inflight_batches"] = 1
     if "ahead" in flags:
         m["replicas"]["read_ahead"] = True
+    m["replicas"]["link"] = "raycall" not in flags
     m["batching"] = {**m["batching"], "idle_dispatch": "idle" in flags,
                      "fill_while_busy": "fill" in flags}
     for flag in flags:

@@ -44,7 +44,7 @@ OPTIONS: dict[str, str] = {
     "ahead": "replicas.read_ahead (replica actors read their next batch while one runs)",
     "pipe1": "replicas.max_inflight_batches: 1",
     "access": "Serve's access log, at INFO",
-    "raycall": "batcher.link: false (a Ray call per bundle, not the direct connection)",
+    "raycall": "batcher.link and replicas.link false (a Ray call per bundle and per batch)",
 }
 
 PEERS = {"serve": ("serve-plain", "/plain"), "serve.batch": ("serve-batch", "/batched"),

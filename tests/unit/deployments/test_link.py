@@ -66,10 +66,10 @@ def test_bundles_come_back_with_their_answers_and_errors_as_raised():
     async def main():
         actor = Actor()
         server, link = await _pair(actor)
-        answers = await asyncio.gather(*(link.infer([(i, [i, i + 1])], "c", None)
+        answers = await asyncio.gather(*(link.call([(i, [i, i + 1])], "c", None)
                                          for i in range(50)))
         with pytest.raises(InvalidRequest, match="a bad bundle"):
-            await link.infer([(99, "bad")], "c", None)
+            await link.call([(99, "bad")], "c", None)
         link.close()
         server.close()
         return answers
@@ -83,7 +83,7 @@ def test_a_cancel_sent_after_its_bundle_is_seen_after_it():
         actor = Actor()
         actor.hold.clear()
         server, link = await _pair(actor)
-        fut = link.infer([(1, [1]), (2, [2])], "c", None)
+        fut = link.call([(1, [1]), (2, [2])], "c", None)
         link.cancel("c", [2])
         await _until(lambda: len(actor.seen) == 2, "both frames")
         actor.hold.set()
@@ -99,7 +99,7 @@ def test_a_caller_that_goes_away_has_its_open_calls_cancelled_at_the_actor():
         actor = Actor()
         actor.hold.clear()
         server, link = await _pair(actor)
-        fut = link.infer([(1, [1])], "c", None)
+        fut = link.call([(1, [1])], "c", None)
         await _until(lambda: actor.seen, "the bundle at the actor")
         link.close()
         with pytest.raises(LinkLost):
@@ -115,11 +115,11 @@ def test_an_actor_that_goes_away_fails_every_open_call_with_link_lost():
         actor = Actor()
         actor.hold.clear()
         server, link = await _pair(actor)
-        futs = [link.infer([(i, [i])], "c", None) for i in range(3)]
+        futs = [link.call([(i, [i])], "c", None) for i in range(3)]
         await _until(lambda: len(actor.seen) == 3, "the bundles at the actor")
         server.close()
         results = await asyncio.gather(*futs, return_exceptions=True)
-        late = await asyncio.gather(link.infer([(9, [9])], "c", None), return_exceptions=True)
+        late = await asyncio.gather(link.call([(9, [9])], "c", None), return_exceptions=True)
         return results + late
 
     results = run(main())
@@ -229,3 +229,92 @@ def test_a_link_that_ends_fails_its_bundles_as_ray_says_of_the_actor(why):
     assert isinstance(error, WorkerDied)
     assert isinstance(error, BatcherStopped) == (why is not None and "ray.kill" in why)
     assert ("connection" in str(error)) == (why is None)
+
+
+class Replica:
+    """A replica actor as `RayReplicaClient` sees it: `run` as a Ray call (a future) and a
+    threaded link server, as `ModelReplica` has; `run` doubles its items, raises for
+    "bad", and blocks while `gate` is clear."""
+
+    def __init__(self) -> None:
+        import threading
+
+        from deployments.link import ThreadedLinkServer
+
+        self.gate = threading.Event()
+        self.gate.set()
+        self.ray_runs = 0
+        self.killed = False
+        self.server = ThreadedLinkServer(self._run, workers=2)
+        outer = self
+
+        class _M:
+            def __init__(self, fn):
+                self.fn = fn
+
+            def remote(self, *args):
+                return asyncio.ensure_future(asyncio.to_thread(self.fn, *args))
+
+        def ray_run(items):
+            outer.ray_runs += 1
+            return outer._run(items)
+
+        self.run = _M(ray_run)
+        self.link_address = _M(lambda node: self.server.address("127.0.0.1"))
+
+    def _run(self, items):
+        if items == "bad":
+            raise ValueError("the model broke on this batch")
+        self.gate.wait(10)
+        return [2 * x for x in items], 0.001
+
+    def kill(self) -> None:  # as ray.kill: the process and its sockets go
+        self.killed = True
+        self.server.loop.call_soon_threadsafe(self.server.server.close)
+
+
+def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_models_errors():
+    from deployments.pool import RayReplicaClient
+
+    async def main():
+        replica = Replica()
+        client = RayReplicaClient(replica, 0, timeout_s=None, link=True)
+        first = await client.run([1, 2])  # a Ray call; the link opens meanwhile
+        await _until(lambda: client._link is not None, "the link open")
+        rest = await asyncio.gather(*(client.run([i]) for i in range(20)))
+        with pytest.raises(ValueError, match="broke"):
+            await client.run("bad")
+        return first, rest, replica.ray_runs
+
+    first, rest, ray_runs = run(main())
+    assert first == ([2, 4], 0.001) and rest == [([2 * i], 0.001) for i in range(20)]
+    assert ray_runs == 1
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["died", "hung"])
+def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
+    from batching.loop import ReplicaDied, ReplicaHung
+    from deployments.pool import RayReplicaClient
+
+    async def main():
+        replica = Replica()
+        client = RayReplicaClient(replica, 0, timeout_s=0.3 if hang else None, link=True)
+        client.stop = lambda: (replica.kill(), client._link.close())  # as ray.kill does
+        await client.run([1])
+        await _until(lambda: client._link is not None, "the link open")
+        replica.gate.clear()
+        batch = asyncio.ensure_future(client.run([2]))
+        await asyncio.sleep(0.05)
+        if not hang:
+            replica.kill()
+        try:
+            await batch
+        except ReplicaDied as e:
+            return e
+        finally:
+            replica.gate.set()
+
+    error = run(main())
+    assert isinstance(error, ReplicaHung if hang else ReplicaDied)
+    if hang:
+        assert "batch_timeout_s" in str(error.error)
