@@ -17,7 +17,8 @@ Failure: a connection that ends fails each call still open on it with `LinkLost`
 caller asks Ray what became of the actor, `deployments.coalesce`); the actor cancels
 what a caller that went away had open, as when a Ray call is cancelled. Trust: only a
 caller that got the token from Ray (it holds the actor's handle) gets past the first
-bytes; a wrong token or a frame past `MAX_FRAME` ends the connection.
+bytes; a wrong token, none within `TOKEN_WAIT_S`, or a frame past `MAX_FRAME` ends
+the connection.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 HEAD = struct.Struct("<IQB")  # payload length, call id, kind
 INFER, CANCEL, REPLY, ERROR = 1, 2, 3, 4
 TOKEN_BYTES = 16
+TOKEN_WAIT_S = 5.0  # a connection that has not sent the token by then is closed
 MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past it is garbage
 
 
@@ -104,6 +106,15 @@ class _Served(_Framing):
         self.need_token = server.token
         self.open: dict[int, asyncio.Task] = {}
         self.cancels: set[asyncio.Task] = set()
+        self.no_token: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.no_token = asyncio.get_running_loop().call_later(TOKEN_WAIT_S, self._silent)
+
+    def _silent(self) -> None:
+        if self.need_token is not None:  # a connection that never says who it is
+            self.transport.abort()
 
     def frame(self, cid: int, kind: int, payload: bytes) -> None:
         try:
@@ -137,6 +148,8 @@ class _Served(_Framing):
         self.transport.write(frame)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self.no_token is not None:
+            self.no_token.cancel()
         self.server.connections.discard(self)
         for task in self.open.values():  # nobody waits: as a cancelled Ray call
             task.cancel()

@@ -318,3 +318,68 @@ def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
     assert isinstance(error, ReplicaHung if hang else ReplicaDied)
     if hang:
         assert "batch_timeout_s" in str(error.error)
+
+
+def test_a_connection_that_never_sends_the_token_is_closed(monkeypatch):
+    import deployments.link as link_module
+
+    monkeypatch.setattr(link_module, "TOKEN_WAIT_S", 0.2)
+
+    async def main():
+        actor = Actor()
+        server = LinkServer(actor.infer, actor.cancel)
+        host, port, _ = await server.address("127.0.0.1")
+        sock = socket.create_connection((host, port), timeout=5)
+        sock.sendall(b"\x00" * 7)  # a few bytes, never the whole token
+        data = await asyncio.to_thread(sock.recv, 100)
+        sock.close()
+        await _until(lambda: not server.connections, "the connection dropped")
+        server.close()
+        return data
+
+    assert run(main()) == b""
+
+
+def test_fuzzed_bytes_with_and_without_the_token_run_nothing_and_spare_the_callers():
+    """300 random byte strings (a fixed seed), half after the right token, each on its own
+    connection: nothing runs that was not a whole frame of a real bundle, every such
+    connection ends or waits harmlessly, and a real caller beside them gets its answers."""
+    import random
+
+    rng = random.Random(20261126)
+
+    async def main():
+        actor = Actor()
+        server = LinkServer(actor.infer, actor.cancel)
+        host, port, token = await server.address("127.0.0.1")
+        caller = await Link.open_to(host, port, token)
+
+        def one(i: int) -> None:
+            junk = rng.randbytes(rng.choice([1, 5, 13, 40, 300, 5000]))
+            if i % 3 == 0:  # a header that claims a short payload of junk
+                junk = struct.pack("<IQB", len(junk), i, rng.choice([1, 2, 3, 4, 9])) + junk
+            sock = socket.create_connection((host, port), timeout=5)
+            try:
+                sock.sendall((token if i % 2 else b"") + junk)
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(1.0)
+                while sock.recv(65536):
+                    pass
+            except (TimeoutError, ConnectionResetError):
+                pass
+            finally:
+                sock.close()
+
+        for i in range(300):
+            await asyncio.to_thread(one, i)
+            if i % 50 == 0:  # the real caller, all along
+                assert await caller.call([(i, [i])], "c", None) == [(i, [10 * i], None)]
+        answers = await asyncio.gather(*(caller.call([(k, [k])], "c", None) for k in range(20)))
+        caller.close()
+        server.close()
+        return answers, actor.seen
+
+    answers, seen = run(main())
+    assert answers == [[(k, [10 * k], None)] for k in range(20)]
+    assert all(kind == "infer" for kind, _ in seen)  # only the real caller's bundles ran
+    assert len(seen) == 6 + 20
