@@ -1,24 +1,27 @@
-"""A direct connection from a caller (an ingress replica, a `RaybatchClient`) to a
-batching actor: bundles and cancels as frames on one TCP stream, not a Ray call each.
+"""A direct connection from a caller to an actor, frames on one TCP stream instead of a
+Ray call each: bundles and cancels from an ingress replica (or a `RaybatchClient`) to a
+batching actor (`batcher.link`), batches from an engine to a replica actor that reads
+ahead (`replicas.link`).
 
 Why: one awaited Ray actor call costs about 0.6 ms of the caller's CPU and 0.7 ms of the
-actor's on 2 cores (`benchmarks.serve.ray_call`), and the batching-actor path makes one a
-bundle; a frame on a socket costs tens of microseconds. What goes on it is what the Ray
-call carried (`BatcherActor.infer`'s arguments and answer, pickled, protocol 5), and the
-actor runs the very same method; everything else (readiness, stats, drain) stays a Ray
-call. How: the actor listens once asked (`BatcherActor.link_address`, a Ray call, which
-also hands out a random token): on 127.0.0.1 for a caller on its own node, on the node's
-address for one from another node. The caller connects and sends the token, then frames
-`[length u32][call id u64][kind u8][payload]`: INFER (bundle, caller, sent) is answered
-by a REPLY (the outcomes) or an ERROR (the exception) with its id; CANCEL (caller, keys)
-has no answer. One connection is read in order, so a cancel sent after its bundle is
-seen after it, as with Ray calls.
+actor's on 2 cores (`benchmarks.serve.ray_call`), and the batching-actor path makes two a
+batch; a frame on a socket costs tens of microseconds. What goes on it is what the Ray
+call carried (`BatcherActor.infer`'s or `ModelReplica.run`'s arguments and answer,
+pickled, protocol 5), and the actor runs the very same method; everything else
+(readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked
+(`link_address`, a Ray call, which also hands out a random token): on 127.0.0.1 for a
+caller on its own node, on the node's address for one from another node. The caller
+connects and sends the token, then frames `[length u32][call id u64][kind u8][payload]`:
+INFER (the call's arguments) is answered by a REPLY (its value) or an ERROR (the
+exception it raised) with its id; CANCEL (caller, keys) has no answer. One connection is
+read in order, so a cancel sent after its bundle is seen after it, as with Ray calls.
+A sync actor (a replica) serves from a loop on a thread of its own (`ThreadedLinkServer`).
 Failure: a connection that ends fails each call still open on it with `LinkLost` (the
-caller asks Ray what became of the actor, `deployments.coalesce`); the actor cancels
-what a caller that went away had open, as when a Ray call is cancelled. Trust: only a
-caller that got the token from Ray (it holds the actor's handle) gets past the first
-bytes; a wrong token, none within `TOKEN_WAIT_S`, or a frame past `MAX_FRAME` ends
-the connection.
+caller asks Ray what became of a batching actor, `deployments.coalesce`, or takes it as
+its replica's death, `deployments.pool`); the actor cancels what a caller that went away
+had open, as when a Ray call is cancelled. Trust: only a caller that got the token from
+Ray (it holds the actor's handle) gets past the first bytes; a wrong token, none within
+`TOKEN_WAIT_S`, a frame past `MAX_FRAME` or one that is not a call ends the connection.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past 
 
 
 class LinkLost(WorkerDied):
-    """The connection to the batching actor ended with this call open."""
+    """The direct connection to an actor ended with this call open."""
 
 
 def _frame(cid: int, kind: int, payload: bytes) -> bytes:
@@ -72,7 +75,7 @@ class _Framing(asyncio.Protocol):
             if len(buf) < TOKEN_BYTES:
                 return
             if not hmac.compare_digest(bytes(buf[:TOKEN_BYTES]), self.need_token):
-                log.warning("a connection to the batching actor's link sent a wrong token; "
+                log.warning("a direct connection (deployments.link) sent a wrong token; "
                             "closing it")
                 self.transport.abort()
                 return
@@ -82,7 +85,7 @@ class _Framing(asyncio.Protocol):
         while len(buf) - at >= HEAD.size:
             n, cid, kind = HEAD.unpack_from(buf, at)
             if n > MAX_FRAME:
-                log.warning("a frame of %d bytes on the batching actor's link; closing it", n)
+                log.warning("a frame of %d bytes on a direct connection; closing it", n)
                 self.transport.abort()
                 return
             if len(buf) - at - HEAD.size < n:
@@ -90,6 +93,8 @@ class _Framing(asyncio.Protocol):
             payload = bytes(buf[at + HEAD.size:at + HEAD.size + n])
             at += HEAD.size + n
             self.frame(cid, kind, payload)
+            if self.transport.is_closing():  # that frame ended it: read no further
+                return
         if at:
             del buf[:at]
 
@@ -120,7 +125,11 @@ class _Served(_Framing):
         try:
             args = pickle.loads(payload)
         except Exception:
-            log.exception("an unreadable frame on the batching actor's link; closing it")
+            log.exception("an unreadable frame on a direct connection; closing it")
+            self.transport.abort()
+            return
+        if type(args) is not tuple:
+            log.warning("a frame of %s on a direct connection; closing it", type(args).__name__)
             self.transport.abort()
             return
         loop = asyncio.get_running_loop()
@@ -144,7 +153,7 @@ class _Served(_Framing):
                      if error is None else _frame(cid, ERROR, pickle.dumps(error, protocol=5)))
         except Exception as e:  # an answer that does not pickle: the call's error says so
             frame = _frame(cid, ERROR, pickle.dumps(
-                WorkerDied(f"the batching actor's answer could not be sent: {e!r}")))
+                WorkerDied(f"the answer could not be sent back: {e!r}")))
         self.transport.write(frame)
 
     def connection_lost(self, exc: BaseException | None) -> None:
