@@ -265,9 +265,11 @@ class ThreadedLinkServer:
     def __init__(self, fn: Callable[..., Any], workers: int) -> None:
         self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="link-call")
         self.loop = asyncio.new_event_loop()
+        self.calls = 0  # calls served
         threading.Thread(target=self.loop.run_forever, name="link", daemon=True).start()
 
         async def call(*args: Any) -> Any:
+            self.calls += 1
             return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
         async def cancel(*args: Any) -> int:

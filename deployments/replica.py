@@ -169,6 +169,9 @@ class ModelReplica:
             **({"error": self.error} if self.error else {}),
             "in_process": self.in_process,
             "read_ahead": self._device is not None,
+            # batches taken on the engine's direct connection (replicas.link)
+            "link_batches": self._link.calls if self._link is not None else 0,
+            "link_hosts": sorted(self._link.server.servers) if self._link is not None else [],
             **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,

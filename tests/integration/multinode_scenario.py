@@ -17,6 +17,7 @@ of `raybatch status`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -58,6 +59,34 @@ def config(env: dict[str, str]):
     })
 
 
+def far_config():
+    """A model whose replica reads ahead and must run on the other node (resource `far`)."""
+    from cluster.config import ModelConfig
+
+    return ModelConfig.model_validate({
+        "name": "far", "transformer": "deployments.models:Square",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+        "replicas": {"num_cpus": 0, "read_ahead": True, "resources": {"far": 1}}})
+
+
+async def far_batches() -> tuple[list, dict]:
+    """20 batches from this process (an engine on the head node) to a replica on the other
+    node: the first as a Ray call while the direct connection opens, the rest on it."""
+    from deployments.pool import ReplicaPool
+
+    _, client = ReplicaPool(far_config(), host=None)._create()
+    try:
+        await client.info()
+        out = []
+        for x in range(20):
+            values, _ = await client.run(np.array([x], np.float32))
+            out += np.asarray(values).tolist()
+        return out, await client.info()
+    finally:
+        client.stop()
+
+
 def status(address: str, *flags: str) -> str:
     """`raybatch status`, as a user would run it."""
     proc = subprocess.run([sys.executable, "-m", "cluster.cli.main", "status", "--address", address,
@@ -84,7 +113,7 @@ def main(workdir: Path) -> None:
         "num_cpus": 2, "resources": {"numa0": 1}, "include_dashboard": False,
         "labels": {"raybatch.io/primary-numa": "0"}})
     try:
-        cluster.add_node(num_cpus=1, resources={"numa1": 1},
+        cluster.add_node(num_cpus=1, resources={"numa1": 1, "far": 1},
                          labels={"raybatch.io/primary-numa": "1"})
         ray.init(address=cluster.address, log_to_driver=False)
         nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("numa"))
@@ -94,7 +123,10 @@ def main(workdir: Path) -> None:
         out = handle.infer.remote("square", {"INPUT0": np.array([3.0], np.float32)})
         squared = out.result(timeout_s=60)["OUTPUT0"].tolist()
         replicas = json.loads(status(cluster.address, "--json"))["square"]["replica_info"]
+        far, far_info = asyncio.run(far_batches())
         print("RESULT " + json.dumps({"nodes": nodes, "replicas": replicas, "squared": squared,
+                                      "far": far, "far_replica": far_info,
+                                      "head_ip": ray.util.get_node_ip_address(),
                                       "status_text": status(cluster.address)}), flush=True)
         serve.shutdown()
     finally:

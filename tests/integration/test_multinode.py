@@ -1,5 +1,6 @@
 """A two-node Ray cluster on this machine: replicas land on the node whose NUMA resource
-they asked for and pin to that node's CPU (read back inside the actor).
+they asked for and pin to that node's CPU (read back inside the actor); a replica on the
+other node takes its batches on a direct connection to that node's address.
 
 The cluster runs in a subprocess (`multinode_scenario.py`): a driver joins one
 cluster only, and this session's shared Ray is already joined. It needs CPUs 0 and 1.
@@ -42,6 +43,12 @@ def test_replicas_land_on_their_numa_nodes_and_pin_to_its_cpus(tmp_path):
         assert r["torch_threads"] == 1
     assert len({r["pid"] for r in replicas}) == 2
     assert result["squared"] == [9.0]
+    # a replica on the other node, fed from the head: every answer right, the batches after
+    # the first on the direct connection to that node's address (not 127.0.0.1)
+    assert result["far"] == [float(x * x) for x in range(20)]
+    far = result["far_replica"]
+    assert far["node_id"] == node_of["numa1"] and far["read_ahead"], far
+    assert far["link_batches"] >= 10 and far["link_hosts"] == [result["head_ip"]], far
     for n in (0, 1):
         assert re.search(rf"^  replica-\d+: ALIVE, node \w+ cpus \[{n}\] numa {n} pinned gpus",
                          result["status_text"], re.M), result["status_text"]
