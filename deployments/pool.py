@@ -74,7 +74,10 @@ class RayReplicaClient:
     A call that has not returned `timeout_s` after it was sent (`replicas.batch_timeout_s`)
     means a hung model: a timer kills the actor, so every call on it ends (ReplicaDied:
     retried elsewhere) and that call raises ReplicaHung (not retried: `BatchTimedOut`).
-    A timer, not `asyncio.wait_for`: no extra task per batch.
+    A timer, not `asyncio.wait_for`: no extra task per batch. With `link` (a replica that
+    reads ahead, `replicas.link`) batches go on a direct connection once it is open
+    (`deployments.link`; the first as Ray calls meanwhile): its end is the replica's death,
+    or after the timer, that batch's hang, as for a Ray call.
     """
 
     def __init__(self, actor: Any, index: int, timeout_s: float | None = None,
