@@ -95,7 +95,7 @@ class RayReplicaClient:
     async def run(self, items: Any) -> tuple[Any, float]:
         link = self._link
         if link is not None and not link.closed:
-            return await self._on_link(link, items)
+            return await self._call(self.actor.run, items, link=link)
         if self._use_link and self._opening is None and not self._stopped:
             loop = asyncio.get_running_loop()
             if loop.time() >= self._retry_at:
@@ -110,28 +110,6 @@ class RayReplicaClient:
             log.debug("%s: no direct connection (%r): batches go as Ray calls", self.name, e)
         finally:
             self._opening = None
-
-    async def _on_link(self, link: Link, items: Any) -> tuple[Any, float]:
-        """`run` on the connection; it ending is the replica's death (or, after the hung
-        timer stopped it, this batch's hang), as a failed Ray call is."""
-        hung: list[float] = []
-        timer = None if self.timeout_s is None else asyncio.get_running_loop().call_later(
-            self.timeout_s, self._stop_hung, hung)
-        try:
-            return await link.call(items)
-        except LinkLost as e:
-            if self._link is link:
-                self._link = None
-            if hung:
-                raise ReplicaHung(f"{self.name}: hung", BatchTimedOut(
-                    f"the model did not finish this request's batch within "
-                    f"replicas.batch_timeout_s={self.timeout_s} s on {self.name}, which was "
-                    f"stopped and replaced; raise batch_timeout_s if batches run this "
-                    f"long")) from e
-            raise ReplicaDied(f"{self.name}: {e}") from e
-        finally:
-            if timer is not None:
-                timer.cancel()
 
     async def release(self, sequence_ids: list[Any]) -> None:
         await self._call(self.actor.release, sequence_ids)
@@ -153,13 +131,17 @@ class RayReplicaClient:
             except RuntimeError:  # its loop has ended: so has the connection
                 pass
 
-    async def _call(self, method: Any, *args: Any) -> Any:
+    async def _call(self, method: Any, *args: Any, link: Link | None = None) -> Any:
+        """`method(*args)` as a Ray call, or on `link` (its end is the actor's, as a Ray
+        call's failure is)."""
         hung: list[float] = []  # set by the timer when this call ran past timeout_s
         timer = None if self.timeout_s is None else asyncio.get_running_loop().call_later(
             self.timeout_s, self._stop_hung, hung)
         try:
-            return await method.remote(*args)
-        except (ActorDiedError, ActorUnavailableError, RayActorError) as e:
+            return await (link.call(*args) if link is not None else method.remote(*args))
+        except (ActorDiedError, ActorUnavailableError, RayActorError, LinkLost) as e:
+            if link is not None and self._link is link:
+                self._link = None
             if hung:
                 raise ReplicaHung(f"{self.name}: hung", BatchTimedOut(
                     f"the model did not finish this request's batch within "
