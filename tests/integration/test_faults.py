@@ -13,6 +13,8 @@ shared app's), two ingress replicas and three small models:
   requests around it (batches of one) get their answers.
 - `partial`: a negative item fails alone (`ItemFailed`): in mixed batches only the
   requests carrying one fail (500, the model's message), every other gets x + 1.
+`hang` and `partial` read ahead, so their batches go on the engine's direct connection
+to the replica (`replicas.link`): a hang and a model's errors are told apart there too.
 """
 
 from __future__ import annotations
@@ -57,12 +59,13 @@ def faults_config():
             _model("slow", "tests.models:SlowSquare", init_kwargs={"delay_ms": 5},
                    batching={"max_batch_size": 8}),
             _model("hang", "tests.models:HangOnNegative", batching={"max_batch_size": 1},
-                   replicas={"batch_timeout_s": HANG_TIMEOUT_S},
+                   replicas={"batch_timeout_s": HANG_TIMEOUT_S, "read_ahead": True},
                    # the 60 requests around it all wait (by count: it hangs on purpose)
                    limits={"queue_batches": 128, "max_queue_wait_s": None},
                    warmup={"enabled": False}),
             _model("partial", "tests.models:FailNegative",
                    batching={"max_batch_size": 16, "max_queue_delay_s": 0.005},
+                   replicas={"read_ahead": True},
                    warmup={"enabled": False}),
         ],
     })
