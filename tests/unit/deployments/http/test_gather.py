@@ -14,6 +14,7 @@ import pytest
 
 from deployments.http.front import available
 from deployments.http.gather import Gather
+from tests.conftest import until
 from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import Served, read_response
 from tests.unit.deployments.http.test_front import _learnt, binary
@@ -74,14 +75,6 @@ async def _send(s: Served, values: range) -> list:
     return readers
 
 
-async def _until(check, what: str) -> None:
-    for _ in range(500):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 def _squares(answers, first: int) -> None:
     for i, a in enumerate(answers, first):
         assert a.status == 200 and struct.unpack("<2f", a.body[-8:]) == (i * i, 4.0)
@@ -94,10 +87,10 @@ def test_arrivals_wait_while_a_full_batch_is_in_flight_and_go_when_it_comes_back
         try:
             s.backend.step.clear()  # the model holds every batch until the test lets go
             readers = await _send(s, range(32))  # 64 items
-            await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
             readers += await _send(s, range(32, 37))
             book = s.server.book
-            await _until(lambda: book.gathers["square"].waiting == 5, "five waiting")
+            await until(lambda: book.gathers["square"].waiting == 5, "five waiting")
             await asyncio.sleep(0.05)
             waited = list(sizes)
             s.backend.step.set()
@@ -119,13 +112,13 @@ def test_a_full_block_goes_at_once_and_the_rest_waits_for_the_delay():
         try:
             s.backend.step.clear()
             readers = await _send(s, range(32))
-            await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
             first = len(sizes)
             readers += await _send(s, range(32, 72))  # 1.25 blocks
-            await _until(lambda: sum(sizes) == 128, "the second full block submitted")
+            await until(lambda: sum(sizes) == 128, "the second full block submitted")
             early = sizes[first:]
             start = asyncio.get_running_loop().time()
-            await _until(lambda: sum(sizes) == 144, "the rest submitted after the delay")
+            await until(lambda: sum(sizes) == 144, "the rest submitted after the delay")
             took = asyncio.get_running_loop().time() - start
             s.backend.step.set()
             answers = [await read_response(r) for r in readers]
@@ -145,10 +138,10 @@ def test_stopping_sends_what_waits_and_answers_it():
         s, sizes = await _gathering(delay_s=30.0)
         s.backend.step.clear()
         readers = await _send(s, range(32))
-        await _until(lambda: sum(sizes) == 64, "the first full batch submitted")
+        await until(lambda: sum(sizes) == 64, "the first full batch submitted")
         r2, w2 = await s.connect()
         w2.write(binary([7.0, 2.0]) + binary([8.0, 2.0]))
-        await _until(lambda: s.server.book.gathers["square"].waiting == 2, "two waiting")
+        await until(lambda: s.server.book.gathers["square"].waiting == 2, "two waiting")
         loop = asyncio.get_running_loop()
         loop.call_later(0.2, s.backend.step.set)
         await s.__aexit__(None, None, None)  # stop: what waits is sent and answered
@@ -159,3 +152,43 @@ def test_stopping_sends_what_waits_and_answers_it():
     assert sum(sizes) == 68 and sizes[-1] == 4
     _squares(first, 0)
     _squares(answers, 7)
+
+
+@needs_front
+def test_clients_that_hang_up_while_held_leave_the_others_their_answers():
+    """Pipelined bursts while a batch is in flight, half of the clients resetting their
+    connection while their requests wait to fill a block: the others get their own
+    answers, and nothing is left waiting or in flight."""
+    import socket as sockets
+
+    async def main():
+        s, sizes = await _gathering(delay_s=0.05)
+        try:
+            s.backend.step.clear()
+            first = await _send(s, range(32))  # a full batch in flight: the rest are held
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            kept, gone = [], []
+            for c in range(20):
+                r, w = await s.connect()
+                w.write(b"".join(binary([float(c), 2.0]) for _ in range(3)))
+                (gone if c % 2 else kept).append((c, r, w))
+            await until(lambda: s.server.book.gathers["square"].waiting > 0, "some held")
+            for _, _, w in gone:  # reset, not a polite close
+                sock = w.get_extra_info("socket")
+                sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_LINGER, struct.pack("ii", 1, 0))
+                w.transport.abort()
+            s.backend.step.set()
+            answers = [await read_response(r) for r in first]
+            mine = [(c, [await read_response(r) for _ in range(3)]) for c, r, _ in kept]
+            book = s.server.book
+            await until(lambda: book.pending == 0 and book.gathers["square"].waiting == 0,
+                        "nothing held or in flight")
+            return answers, mine
+        finally:
+            await s.__aexit__(None, None, None)
+
+    answers, mine = run(main())
+    _squares(answers, 0)
+    for c, rs in mine:
+        assert all(r.status == 200 and struct.unpack("<2f", r.body[-8:]) == (c * c, 4.0)
+                   for r in rs)
