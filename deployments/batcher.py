@@ -49,10 +49,10 @@ from deployments.hosts import (
     model_kind,
     submit_bundle_item,
 )
-from deployments.link import LinkServer
+from deployments.link import LinkServer, listen_host
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
-from deployments.transit import Stamp, in_transit_s, less_transit, node_id
+from deployments.transit import Stamp, in_transit_s, less_transit
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +178,7 @@ class BatcherActor:
         for one elsewhere; with the token it must send first."""
         if self.link is None:
             self.link = LinkServer(self.infer, self.cancel)
-        here = caller_node is not None and caller_node == node_id()
-        return await self.link.address("127.0.0.1" if here else
-                                       ray.util.get_node_ip_address())
+        return await self.link.address(listen_host(caller_node))
 
     async def cancel(self, caller: str, keys: list[Any]) -> int:
         """Cancel `caller`'s requests `keys` (it gave up on them): what is still queued

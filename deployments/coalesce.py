@@ -46,14 +46,13 @@ from typing import Any
 from batching.errors import WorkerDied
 from batching.loop import detached
 from deployments.bundles import outcomes, pack
-from deployments.link import Link, LinkLost
-from deployments.transit import node_id, stamp
+from deployments.link import Dialer, Link, LinkLost
+from deployments.transit import stamp
 
 log = logging.getLogger(__name__)
 # How Ray 2.60 words an actor ended on purpose (`ray.kill`), as Serve ends a stopped
 # version's batching actors once their drain is done (`deployments.drain`).
 _KILLED = "killed by `ray.kill`"
-RETRY_LINK_S = 10.0  # after a connection could not be opened, Ray calls until then
 
 
 class BatcherStopped(WorkerDied):
@@ -84,11 +83,8 @@ class Coalescer:
         self._to_cancel: list[int] = []
         self.bundles_sent = 0
         self.cancels_sent = 0
-        self._use_link = link
-        self._link: Link | None = None  # the open connection to the actor, if any
-        self._opening: asyncio.Task | None = None
-        self._retry_at = 0.0  # loop time before which no connection is tried again
-        self._link_failed = False  # said once in the log
+        # the direct connection to the actor (batcher.link), once open
+        self._dialer = Dialer("the batching actor") if link else None
         self._ray_keys: set[int] = set()  # open requests sent in Ray calls (with a link)
         self.linked_bundles = 0  # bundles sent on the connection
 
@@ -134,20 +130,21 @@ class Coalescer:
 
     def _start(self, bundle: list[tuple]) -> None:
         self.bundles_sent += 1
-        link = self._link
+        dialer = self._dialer
+        link = dialer.live() if dialer is not None else None
         try:
             if self._actor is None:
                 self._actor = self._get_actor()
-            if link is not None and not link.closed:
+            if link is not None:
                 call = link.call(pack(bundle), self.caller, stamp())
                 self.linked_bundles += 1
             else:
-                link = None
                 # submitted now, in this tick: see the note
                 call = self._actor.infer.remote(pack(bundle), self.caller, stamp())
-                if self._use_link:
+                if dialer is not None:
                     self._ray_keys.update(entry[0] for entry in bundle)
-                    self._open_link()
+                    actor = self._actor
+                    dialer.dial(actor, lambda: self._actor is actor)
         except Exception as e:
             self._lost(bundle, e)
             return
@@ -176,34 +173,11 @@ class Coalescer:
                                           "for this request"))
 
     # -- the direct connection (deployments.link) -----------------------------------------
-    def _open_link(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._opening is None and loop.time() >= self._retry_at:
-            self._opening = loop.create_task(self._open(self._actor))
-
-    async def _open(self, actor: Any) -> None:
-        try:
-            host, port, token = await actor.link_address.remote(node_id())
-            link = await Link.open_to(host, port, token)
-        except Exception as e:
-            self._retry_at = asyncio.get_running_loop().time() + RETRY_LINK_S
-            (log.debug if self._link_failed else log.warning)(
-                "no direct connection to the batching actor (%r): bundles go as Ray calls; "
-                "trying again every %.0f s", e, RETRY_LINK_S)
-            self._link_failed = True
-            return
-        finally:
-            self._opening = None
-        if self._actor is actor and self._use_link:
-            self._link = link
-        else:  # the actor was replaced meanwhile
-            link.close()
-
     async def _link_lost(self, bundle: list[tuple], e: LinkLost, link: Link | None) -> None:
         """The connection ended with `bundle` open: fail it with what Ray says of the actor
         (dead, or ended on purpose), or with `e` if the actor lives on."""
-        if self._link is link:
-            self._link = None
+        if self._dialer is not None and link is not None:
+            self._dialer.drop(link)
         actor = self._actor
         try:
             if actor is not None:
@@ -245,8 +219,8 @@ class Coalescer:
         if self._actor is None:
             return  # the actor that had them is gone, and their requests with it
         self.cancels_sent += 1
-        link = self._link
-        if link is not None and not link.closed:  # each goes the way its request went
+        link = self._dialer.live() if self._dialer is not None else None
+        if link is not None:  # each goes the way its request went
             by_ray = [k for k in keys if k in self._ray_keys] if self._ray_keys else []
             if len(by_ray) < len(keys):
                 link.cancel(self.caller, [k for k in keys if k not in self._ray_keys]

@@ -38,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching.errors import WorkerDied
+from batching.loop import detached_task
+from deployments.transit import node_id
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ INFER, CANCEL, REPLY, ERROR = 1, 2, 3, 4
 TOKEN_BYTES = 16
 TOKEN_WAIT_S = 5.0  # a connection that has not sent the token by then is closed
 MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past it is garbage
+RETRY_S = 10.0  # after a connection could not be opened, Ray calls until then
 
 
 class LinkLost(WorkerDied):
@@ -279,3 +282,67 @@ class ThreadedLinkServer:
 
     def address(self, host: str) -> tuple[str, int, bytes]:
         return asyncio.run_coroutine_threadsafe(self.server.address(host), self.loop).result(30)
+
+
+def listen_host(caller_node: str | None) -> str:
+    """Where an actor listens for a caller on Ray node `caller_node`: 127.0.0.1 when that
+    is the actor's own node, else the node's address."""
+    import ray
+
+    if caller_node is not None and caller_node == node_id():
+        return "127.0.0.1"
+    return ray.util.get_node_ip_address()
+
+
+class Dialer:
+    """A caller's connection to one actor (its `link_address`), opened in the background
+    the first time it is wanted (`dial`); until it is open, or for `RETRY_S` after it could
+    not be (said once in the log), the caller makes Ray calls."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # the actor, in the log
+        self.link: Link | None = None
+        self._opening: asyncio.Task | None = None
+        self._retry_at = 0.0
+        self._warned = False
+
+    def live(self) -> Link | None:
+        """The connection, if it is open."""
+        link = self.link
+        return link if link is not None and not link.closed else None
+
+    def dial(self, actor: Any, wanted: Callable[[], bool] = lambda: True) -> None:
+        """Start opening a connection to `actor`, unless one is opening or it is too soon;
+        it is kept once open if `wanted()` still says so (the actor was not replaced)."""
+        if self._opening is None and asyncio.get_running_loop().time() >= self._retry_at:
+            self._opening = detached_task(self._open(actor, wanted))
+
+    async def _open(self, actor: Any, wanted: Callable[[], bool]) -> None:
+        try:
+            link = await Link.open_to(*await actor.link_address.remote(node_id()))
+        except Exception as e:
+            self._retry_at = asyncio.get_running_loop().time() + RETRY_S
+            (log.debug if self._warned else log.warning)(
+                "no direct connection to %s (%r): Ray calls instead; trying again every "
+                "%.0f s", self.what, e, RETRY_S)
+            self._warned = True
+            return
+        finally:
+            self._opening = None
+        if wanted():
+            self.link = link
+        else:
+            link.close()
+
+    def drop(self, link: Link) -> None:
+        """`link` ended: forget it (not a newer one)."""
+        if self.link is link:
+            self.link = None
+
+    def close(self) -> None:
+        link, self.link = self.link, None
+        if link is not None:
+            try:
+                link.close()
+            except RuntimeError:  # its loop has ended: so has the connection
+                pass

@@ -35,10 +35,9 @@ from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.hosts import Host
 from deployments.inprocess import InProcessClient
-from deployments.link import Link, LinkLost
+from deployments.link import Dialer, Link, LinkLost
 from deployments.metrics import PoolSnapshot
 from deployments.replica import ModelReplica, ReplicaSetupError, reads_ahead
-from deployments.transit import node_id
 
 log = logging.getLogger(__name__)
 PENDING_WARN_S = 15.0
@@ -87,29 +86,17 @@ class RayReplicaClient:
         self.name = f"replica-{index}"
         self.timeout_s = timeout_s
         self._stopped = False  # a batch ran past timeout_s: the actor is being killed
-        self._use_link = link  # batches on a direct connection (`replicas.link`)
-        self._link: Link | None = None
-        self._opening: asyncio.Task | None = None
-        self._retry_at = 0.0
+        # batches on a direct connection (`replicas.link`), once open
+        self._dialer = Dialer(self.name) if link else None
 
     async def run(self, items: Any) -> tuple[Any, float]:
-        link = self._link
-        if link is not None and not link.closed:
+        dialer = self._dialer
+        link = dialer.live() if dialer is not None else None
+        if link is not None:
             return await self._call(self.actor.run, items, link=link)
-        if self._use_link and self._opening is None and not self._stopped:
-            loop = asyncio.get_running_loop()
-            if loop.time() >= self._retry_at:
-                self._opening = detached_task(self._open())
+        if dialer is not None and not self._stopped:
+            dialer.dial(self.actor)
         return await self._call(self.actor.run, items)
-
-    async def _open(self) -> None:
-        try:
-            self._link = await Link.open_to(*await self.actor.link_address.remote(node_id()))
-        except Exception as e:
-            self._retry_at = asyncio.get_running_loop().time() + 10.0
-            log.debug("%s: no direct connection (%r): batches go as Ray calls", self.name, e)
-        finally:
-            self._opening = None
 
     async def release(self, sequence_ids: list[Any]) -> None:
         await self._call(self.actor.release, sequence_ids)
@@ -125,11 +112,8 @@ class RayReplicaClient:
 
     def stop(self) -> None:
         ray.kill(self.actor, no_restart=True)
-        if self._link is not None:
-            try:
-                self._link.close()
-            except RuntimeError:  # its loop has ended: so has the connection
-                pass
+        if self._dialer is not None:
+            self._dialer.close()
 
     async def _call(self, method: Any, *args: Any, link: Link | None = None) -> Any:
         """`method(*args)` as a Ray call, or on `link` (its end is the actor's, as a Ray
@@ -140,8 +124,8 @@ class RayReplicaClient:
         try:
             return await (link.call(*args) if link is not None else method.remote(*args))
         except (ActorDiedError, ActorUnavailableError, RayActorError, LinkLost) as e:
-            if link is not None and self._link is link:
-                self._link = None
+            if link is not None and self._dialer is not None:
+                self._dialer.drop(link)
             if hung:
                 raise ReplicaHung(f"{self.name}: hung", BatchTimedOut(
                     f"the model did not finish this request's batch within "

@@ -53,9 +53,8 @@ from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
 from deployments.heap import freeze_startup_heap
-from deployments.link import ThreadedLinkServer
+from deployments.link import ThreadedLinkServer, listen_host
 from deployments.metrics import ReplicaMetrics
-from deployments.transit import node_id
 from deployments.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -157,8 +156,7 @@ class ModelReplica:
             raise RuntimeError("only a replica that reads ahead takes batches on a link")
         if self._link is None:
             self._link = ThreadedLinkServer(self.run, self.config.replicas.max_inflight_batches)
-        here = caller_node is not None and caller_node == node_id()
-        return self._link.address("127.0.0.1" if here else ray.util.get_node_ip_address())
+        return self._link.address(listen_host(caller_node))
 
     # Its own thread: `raybatch status` must not wait behind a batch that runs for seconds.
     @ray.method(concurrency_group="control")

@@ -202,6 +202,16 @@ def rss_bytes(pid: int) -> int:
     return int(line.split()[1]) * 1024
 
 
+async def until(check: Callable[[], Any], what: str = "condition",
+                timeout_s: float = 5.0, every_s: float = 0.01) -> None:
+    """`wait_until` inside a test's event loop: polls `check` between loop turns."""
+    give_up = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > give_up:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(every_s)
+
+
 def arun(coro, timeout_s: float = 120.0):
     """Run a coroutine in a fresh event loop, bounded."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))

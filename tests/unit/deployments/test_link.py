@@ -17,6 +17,7 @@ import pytest
 from batching.errors import InvalidRequest, WorkerDied
 from deployments.coalesce import BatcherStopped, Coalescer
 from deployments.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
+from tests.conftest import until
 
 
 def run(coro):
@@ -54,14 +55,6 @@ async def _pair(actor: Actor) -> tuple[LinkServer, Link]:
     return server, await Link.open_to(host, port, token)
 
 
-async def _until(check, what: str) -> None:
-    for _ in range(300):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 def test_bundles_come_back_with_their_answers_and_errors_as_raised():
     async def main():
         actor = Actor()
@@ -85,7 +78,7 @@ def test_a_cancel_sent_after_its_bundle_is_seen_after_it():
         server, link = await _pair(actor)
         fut = link.call([(1, [1]), (2, [2])], "c", None)
         link.cancel("c", [2])
-        await _until(lambda: len(actor.seen) == 2, "both frames")
+        await until(lambda: len(actor.seen) == 2, "both frames")
         actor.hold.set()
         await fut
         server.close()
@@ -100,11 +93,11 @@ def test_a_caller_that_goes_away_has_its_open_calls_cancelled_at_the_actor():
         actor.hold.clear()
         server, link = await _pair(actor)
         fut = link.call([(1, [1])], "c", None)
-        await _until(lambda: actor.seen, "the bundle at the actor")
+        await until(lambda: actor.seen, "the bundle at the actor")
         link.close()
         with pytest.raises(LinkLost):
             await fut
-        await _until(lambda: actor.cancelled_calls == 1, "the call cancelled")
+        await until(lambda: actor.cancelled_calls == 1, "the call cancelled")
         server.close()
 
     run(main())
@@ -116,7 +109,7 @@ def test_an_actor_that_goes_away_fails_every_open_call_with_link_lost():
         actor.hold.clear()
         server, link = await _pair(actor)
         futs = [link.call([(i, [i])], "c", None) for i in range(3)]
-        await _until(lambda: len(actor.seen) == 3, "the bundles at the actor")
+        await until(lambda: len(actor.seen) == 3, "the bundles at the actor")
         server.close()
         results = await asyncio.gather(*futs, return_exceptions=True)
         late = await asyncio.gather(link.call([(9, [9])], "c", None), return_exceptions=True)
@@ -190,12 +183,12 @@ def test_the_coalescer_sends_on_the_link_once_open_and_cancels_the_way_each_went
         c = Coalescer(lambda: fake, bundle_items=4)
         actor.hold.clear()
         first = c.submit([1], None, None)  # a Ray call; the link opens meanwhile
-        await _until(lambda: c._link is not None, "the link open")
+        await until(lambda: c._dialer.link is not None, "the link open")
         second = c.submit([2], None, None)  # on the link
-        await _until(lambda: len(actor.seen) == 2, "both bundles at the actor")
+        await until(lambda: len(actor.seen) == 2, "both bundles at the actor")
         first.cancel()
         second.cancel()
-        await _until(lambda: len(actor.seen) == 4, "both cancels at the actor")
+        await until(lambda: len(actor.seen) == 4, "both cancels at the actor")
         actor.hold.set()
         third = await c.submit([3], None, None)
         return fake, actor.seen, third, c.linked_bundles
@@ -214,10 +207,10 @@ def test_a_link_that_ends_fails_its_bundles_as_ray_says_of_the_actor(why):
         fake = LinkedActor(actor)
         c = Coalescer(lambda: fake, bundle_items=4)
         await c.submit([1], None, None)
-        await _until(lambda: c._link is not None, "the link open")
+        await until(lambda: c._dialer.link is not None, "the link open")
         actor.hold.clear()
         fut = c.submit([2], None, None)
-        await _until(lambda: len(actor.seen) == 2, "the bundle at the actor")
+        await until(lambda: len(actor.seen) == 2, "the bundle at the actor")
         fake.dead_because = why
         fake.server.close()
         try:
@@ -280,7 +273,7 @@ def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_model
         replica = Replica()
         client = RayReplicaClient(replica, 0, timeout_s=None, link=True)
         first = await client.run([1, 2])  # a Ray call; the link opens meanwhile
-        await _until(lambda: client._link is not None, "the link open")
+        await until(lambda: client._dialer.link is not None, "the link open")
         rest = await asyncio.gather(*(client.run([i]) for i in range(20)))
         with pytest.raises(ValueError, match="broke"):
             await client.run("bad")
@@ -299,9 +292,9 @@ def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
     async def main():
         replica = Replica()
         client = RayReplicaClient(replica, 0, timeout_s=0.3 if hang else None, link=True)
-        client.stop = lambda: (replica.kill(), client._link.close())  # as ray.kill does
+        client.stop = lambda: (replica.kill(), client._dialer.close())  # as ray.kill does
         await client.run([1])
-        await _until(lambda: client._link is not None, "the link open")
+        await until(lambda: client._dialer.link is not None, "the link open")
         replica.gate.clear()
         batch = asyncio.ensure_future(client.run([2]))
         await asyncio.sleep(0.05)
@@ -333,7 +326,7 @@ def test_a_connection_that_never_sends_the_token_is_closed(monkeypatch):
         sock.sendall(b"\x00" * 7)  # a few bytes, never the whole token
         data = await asyncio.to_thread(sock.recv, 100)
         sock.close()
-        await _until(lambda: not server.connections, "the connection dropped")
+        await until(lambda: not server.connections, "the connection dropped")
         server.close()
         return data
 
