@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 
-.PHONY: setup sysdeps serve test lint bench gpu-check clean k8s notebooks notebooks-clean docs
+.PHONY: setup sysdeps serve test test-sanitized lint bench gpu-check clean k8s notebooks notebooks-clean docs
 
 # Debian packages whose command (same name) some tests need: prometheus answers the
 # Grafana dashboard's queries in tests/integration/test_prometheus.py; wrk drives the HTTP
@@ -14,7 +14,7 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
 SYSDEPS := prometheus wrk
 
-$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/_front.c
+$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/_front.c deployments/http/llhttp/llhttp.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
@@ -52,6 +52,11 @@ test:
 	@$(MAKE) --no-print-directory --jobs=2 --output-sync=target sysdeps lint
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	PY=$(BIN)/python bash tests/run.sh
+
+# The native front's tests with the front built with AddressSanitizer and UBSan (the
+# suite runs them this way; this runs them alone).
+test-sanitized: $(STAMP)
+	PY=$(BIN)/python bash tests/sanitize.sh
 
 # The documentation site (docs/, mkdocs.yml), served with live reload on 127.0.0.1:8000.
 docs: $(STAMP)

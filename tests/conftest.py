@@ -28,6 +28,14 @@ APP_CONFIG = CONFIGS / "app.yaml"
 def pytest_configure(config: pytest.Config) -> None:
     # Ray Serve's own pydantic models use deprecated Field arguments: not ours to fix.
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:ray\\..*")
+    so = os.environ.get("RAYBATCH_FRONT_SO")
+    if so:  # the native front as tests/sanitize.sh built it, in place of the installed one
+        import importlib.util
+        import sys
+        spec = importlib.util.spec_from_file_location("deployments.http._front", so)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["deployments.http._front"] = module
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,

@@ -4,7 +4,8 @@
 #           notebooks (each that needs Ray starts and stops its own, once the session's
 #           is gone);
 #   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
-#           and differential cases), then the tests that start a Ray of their own
+#           and differential cases; the native front's with the front built with ASan
+#           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
 #           (marker `own_ray`: `raybatch up` in a process of its own, cluster scenarios),
 #           on free ports of their own.
 # Every test still runs on every push. RAYBATCH_TEST_LANES=1 runs them one after another.
@@ -20,13 +21,19 @@ trap 'rm -f "$lane2_log"' EXIT
 start=$(date +%s)
 took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
 (
-  "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit
+  front_tests=$(bash tests/sanitize.sh --list)
+  # shellcheck disable=SC2046
+  "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit \
+    $(printf -- '--ignore=%s ' $front_tests)
   unit_rc=$?
   took "tests/unit"
+  PY="$PY" bash tests/sanitize.sh
+  front_rc=$?
+  took "the native front's tests, sanitized"
   "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m own_ray tests/integration tests/e2e
   own_rc=$?
   took "the own-Ray tests"
-  [ "$unit_rc" = 0 ] && [ "$own_rc" = 0 ]
+  [ "$unit_rc" = 0 ] && [ "$front_rc" = 0 ] && [ "$own_rc" = 0 ]
 ) >"$lane2_log" 2>&1 &
 lane2=$!
 "$PY" -m pytest -q --durations=15 -m "not own_ray" tests/integration tests/e2e

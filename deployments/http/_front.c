@@ -7,11 +7,14 @@
  * serving load, and for nothing else:
  *
  * - a thread of its own (no GIL) accepts, reads and writes every connection (epoll);
- * - a request it recognises whole and plainly (POST, HTTP/1.1, Content-Length framing,
- *   exactly one Host, no coding, no Expect, no Upgrade, within the header limits) whose
- *   target and binary JSON header are byte for byte those of a request the Python server
- *   already parsed cleanly (a *plan*, registered from Python: `add_plan`) is queued:
- *   its tensor bytes appended to one buffer, a token naming its connection and place;
+ * - a request it frames whole with llhttp (the Python server's parser, built in: one
+ *   framing whichever of the two reads a stream) and finds plain (POST, HTTP/1.1,
+ *   Content-Length framing, exactly one Host, no coding, no Expect, no Upgrade, within
+ *   the header limits as the Python server counts them) whose target and binary JSON
+ *   header are byte for byte those of a request the Python server already parsed cleanly
+ *   (a *plan*, registered from Python: `add_plan`) is queued: its tensor bytes appended to
+ *   one buffer, a token naming its connection and place (a slot is not reused while a
+ *   token of it is outstanding);
  * - Python takes everything queued in one call per wake-up (`take`), submits each plan's
  *   requests to the engine as one block, and hands the answers back in one call per
  *   block (`answer_parts`, `answer_same`); they are written in each connection's order;
@@ -29,6 +32,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -44,12 +48,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "llhttp.h"
+
 #define TAG_LISTEN 0xffffffff00000001ULL
 #define TAG_WAKE 0xffffffff00000002ULL
 #define NPLANS 1024 /* open addressing: at most half of it used */
 #define READ_CHUNK 65536
 #define LINGER_S 2.0
 #define SWEEP_S 0.25
+#define ACCEPT_BACKOFF_S 0.1 /* no descriptor or buffer for a new connection: wait this */
+
+/* A token names a queued request: its slot (24 bits), the slot's generation (GEN_BITS) and
+ * its place on the connection (24 bits). A slot whose connection closes with requests still
+ * queued stays reserved until every one of them is answered or dropped, so no token of an
+ * earlier connection can be outstanding when the slot is taken again: the generation never
+ * has to be wide enough not to wrap (the tests build it 2 bits wide to show that). */
+#ifndef FRONT_TOKEN_GEN_BITS
+#define FRONT_TOKEN_GEN_BITS 16
+#endif
+#define GEN_MASK ((1u << FRONT_TOKEN_GEN_BITS) - 1)
+#define SEQ_MASK 0xffffffu
 
 enum { M_C = 0, M_PY = 1, M_LINGER = 2 };
 enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5 };
@@ -77,6 +95,8 @@ typedef struct held { uint32_t seq; size_t len; struct held *next; char data[]; 
 typedef struct {
     int fd, mode, open;
     uint32_t gen;
+    int reserved; uint32_t owed;  /* closed, its slot held until `owed` answers come */
+    uint32_t gone;                /* answers dropped: they came after one that closes */
     buf_t in; size_t in_off;      /* C mode: received, not yet parsed */
     buf_t out; size_t out_off;    /* to send */
     uint32_t next_seq, write_seq; /* queued requests; answers written */
@@ -109,8 +129,10 @@ typedef struct {
     buf_t arena, arrivals;
     ev_t *ev_head, *ev_tail;
     buf_t busy; /* the whole 503 for a connection past max_conns */
-    uint64_t n_fast, n_switched, n_accepted;
+    uint64_t n_fast, n_switched, n_accepted, n_refused, n_loops, n_accept_paused;
     int json_plans;
+    int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
+    int accept_paused; double accept_resume;
 } Front;
 
 static double now_s(void) {
@@ -184,6 +206,14 @@ static void watch(Front *f, uint32_t slot) {
     }
 }
 
+/* The slot takes a new connection: its generation moves on, and no token of the last one
+ * is outstanding (close_conn reserves the slot until they are answered). */
+static void free_slot(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    c->reserved = 0; c->owed = 0; c->gen++;
+    f->freelist[f->nfree++] = slot;
+}
+
 static void close_conn(Front *f, uint32_t slot, int tell_py) {
     conn_t *c = &f->conns[slot];
     if (!c->open) return;
@@ -191,11 +221,14 @@ static void close_conn(Front *f, uint32_t slot, int tell_py) {
     epoll_ctl(f->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     buf_free(&c->in); buf_free(&c->out);
-    for (held_t *h = c->held; h;) { held_t *n = h->next; free(h); h = n; }
+    uint32_t owed = (c->next_seq - c->write_seq) & SEQ_MASK;  /* queued, not yet written */
+    owed -= c->gone;
+    for (held_t *h = c->held; h;) { held_t *n = h->next; free(h); h = n; owed--; }
     c->held = NULL;
-    c->open = 0; c->fd = -1; c->gen++;
-    f->freelist[f->nfree++] = slot;
+    c->open = 0; c->fd = -1;
     f->nconn--;
+    if (owed) { c->reserved = 1; c->owed = owed; return; }  /* answers still to come */
+    free_slot(f, slot);
 }
 
 static void linger_close(Front *f, uint32_t slot) {
@@ -253,12 +286,6 @@ static int lower_eq(const char *a, size_t n, const char *lit) {
         if (ch != lit[i]) return 0;
     }
     return 1;
-}
-
-static int is_tchar(unsigned char ch) {
-    if (ch >= '0' && ch <= '9') return 1;
-    if ((ch | 32) >= 'a' && (ch | 32) <= 'z') return 1;
-    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
 }
 
 static int digits(const char *v, size_t n, uint64_t *out) {
@@ -336,6 +363,9 @@ static int js_value(js_t *j, int ctx) {
             const char *k = j->p;
             if (js_string(j)) return -1;
             size_t kn = j->p - k;
+            /* a key with an escape may be any key once decoded ("d\u0061ta" is "data"): the
+             * Python path reads such a body, so the data list is the one orjson reads */
+            if (memchr(k, '\\', kn)) return -1;
             js_ws(j);
             if (j->p >= j->end || *j->p != ':') return -1;
             j->p++;
@@ -443,71 +473,139 @@ static int js_read(const char *p, const char *end, int size, char *out, uint32_t
 
 enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2 };
 
+/* -- framing: llhttp, as the Python server frames (httptools, the same version) -----------
+ * A request is framed from the start of what is buffered by a parser of its own (llhttp
+ * carries nothing from one request to the next that matters to a request the front serves),
+ * paused at its end. Its head is read as httptools hands it to the Python server (a header
+ * is a name and the value after it; headers counted, and their bytes summed, the same
+ * way), so the front serves a request only where the Python server would frame it the
+ * same and serve it; anything else is the Python server's to answer. */
+typedef struct {
+    Front *f;
+    const char *url; size_t url_len;
+    const char *name; size_t name_len; const char *value; size_t value_len;
+    uint32_t count; size_t bytes;
+    int hosts, refuse, headers_done, complete, has_json;
+    uint64_t json, length;
+    const char *body; size_t body_len;
+} rq_t;
+
+/* The header read so far is whole (httptools' _maybe_call_on_header). */
+static void rq_header(rq_t *r) {
+    if (!r->value) return;
+    const char *n = r->name; size_t nn = r->name_len, vn = r->value_len;
+    r->count++;
+    r->bytes += nn + vn;
+    if (lower_eq(n, nn, "host")) r->hosts++;
+    else if (lower_eq(n, nn, "inference-header-content-length")) {
+        if (r->has_json || digits(r->value, vn, &r->json)) r->refuse = 1;
+        r->has_json = 1;
+    } else if (lower_eq(n, nn, "transfer-encoding") || lower_eq(n, nn, "content-encoding") ||
+               lower_eq(n, nn, "expect") || lower_eq(n, nn, "upgrade")) {
+        r->refuse = 1;
+    }
+    r->name = r->value = NULL; r->name_len = r->value_len = 0;
+}
+
+static int rq_url(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (!r->url) r->url = at;
+    if (r->url + r->url_len != at) r->refuse = 1; /* not one span: not ours to read */
+    r->url_len += n;
+    return 0;
+}
+
+static int rq_field(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    rq_header(r);
+    /* a name in pieces, or after a name with no value (httptools would join the two): the
+     * Python server reads it */
+    if (r->name && r->name + r->name_len != at) r->refuse = 1;
+    if (!r->name) r->name = at;
+    r->name_len += n;
+    return 0;
+}
+
+static int rq_value(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (r->value && r->value + r->value_len != at) r->refuse = 1;
+    if (!r->value) r->value = at;
+    r->value_len += n;
+    return 0;
+}
+
+static int rq_headers(llhttp_t *p) {
+    rq_t *r = p->data;
+    Front *f = r->f;
+    rq_header(r);
+    r->headers_done = 1;
+    r->length = p->content_length;
+    if (r->refuse || llhttp_get_method(p) != HTTP_POST || p->http_major != 1 || p->http_minor != 1 ||
+        p->upgrade || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) ||
+        !(p->flags & F_CONTENT_LENGTH) || r->hosts != 1 || r->count > f->max_header_count ||
+        r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
+        r->length > f->max_body || (r->has_json && r->json > r->length))
+        return -1;
+    if (r->url_len < 2 || r->url[0] != '/') return -1;
+    for (size_t i = 0; i < r->url_len; i++) {
+        unsigned char ch = r->url[i];
+        if (ch <= 0x20 || ch >= 0x7f || ch == '?' || ch == '%' || ch == '#') return -1;
+    }
+    return 0;
+}
+
+static int rq_body(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (!r->body) r->body = at;
+    if (r->body + r->body_len != at) return -1;
+    r->body_len += n;
+    return 0;
+}
+
+static int rq_complete(llhttp_t *p) {
+    ((rq_t *)p->data)->complete = 1;
+    return HPE_PAUSED; /* the next request is framed on its own */
+}
+
+static llhttp_settings_t rq_settings;
+
+static void rq_settings_init(void) {
+    llhttp_settings_init(&rq_settings);
+    rq_settings.on_url = rq_url;
+    rq_settings.on_header_field = rq_field;
+    rq_settings.on_header_value = rq_value;
+    rq_settings.on_headers_complete = rq_headers;
+    rq_settings.on_body = rq_body;
+    rq_settings.on_message_complete = rq_complete;
+}
+
 /* One request at p[0..n): queued (R_FAST, *used bytes), incomplete (R_MORE) or for Python. */
 static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **plan,
                      int *close, const char **payload, const char **payload_end) {
-    size_t lim = n < f->max_head ? n : f->max_head;
-    const char *end = memmem(p, lim, "\r\n\r\n", 4);
-    if (!end) return n >= f->max_head ? R_SWITCH : R_MORE;
-    size_t head = end - p + 4;
-    const char *eol = memmem(p, head, "\r\n", 2);
-    if (eol - p < 16 || memcmp(p, "POST /", 6)) return R_SWITCH;
-    if (memcmp(eol - 9, " HTTP/1.1", 9)) return R_SWITCH;
-    const char *target = p + 5;
-    size_t tn = (eol - 9) - target;
-    for (size_t i = 0; i < tn; i++) {
-        unsigned char ch = target[i];
-        if (ch <= 0x20 || ch >= 0x7f || ch == '?' || ch == '%' || ch == '#') return R_SWITCH;
+    rq_t r;
+    memset(&r, 0, sizeof r);
+    r.f = f;
+    llhttp_t parser;
+    llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
+    parser.data = &r;
+    llhttp_errno_t err = llhttp_execute(&parser, p, n);
+    if (err == HPE_OK) {
+        /* unfinished: a head past the front's bound, or a body past its own, is Python's */
+        return (!r.headers_done && n > f->max_head) ? R_SWITCH : R_MORE;
     }
-    int hosts = 0, conn_close = 0;
-    uint64_t length = 0, json = 0;
-    int has_length = 0, has_json = 0;
-    uint32_t count = 0, bytes = 0;
-    const char *line = eol + 2;
-    while (line < end + 2) {
-        const char *le = memmem(line, end + 2 - line, "\r\n", 2);
-        if (!le || le == line) break;
-        if (*line == ' ' || *line == '\t') return R_SWITCH; /* folded lines */
-        const char *colon = memchr(line, ':', le - line);
-        if (!colon || colon == line) return R_SWITCH;
-        for (const char *q = line; q < colon; q++)
-            if (!is_tchar((unsigned char)*q)) return R_SWITCH;
-        const char *v = colon + 1, *ve = le;
-        for (const char *q = v; q < ve; q++) {
-            unsigned char ch = *q;
-            if ((ch < 0x20 && ch != '\t') || ch == 0x7f) return R_SWITCH;
-        }
-        while (v < ve && (*v == ' ' || *v == '\t')) v++;
-        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
-        size_t nn = colon - line, vn = ve - v;
-        count++;
-        bytes += nn + vn;
-        if (lower_eq(line, nn, "host")) hosts++;
-        else if (lower_eq(line, nn, "content-length")) {
-            if (has_length || digits(v, vn, &length)) return R_SWITCH;
-            has_length = 1;
-        } else if (lower_eq(line, nn, "inference-header-content-length")) {
-            if (has_json || digits(v, vn, &json)) return R_SWITCH;
-            has_json = 1;
-        } else if (lower_eq(line, nn, "connection")) {
-            if (lower_eq(v, vn, "close")) conn_close = 1;
-            else if (!lower_eq(v, vn, "keep-alive")) return R_SWITCH;
-        } else if (lower_eq(line, nn, "transfer-encoding") || lower_eq(line, nn, "content-encoding") ||
-                   lower_eq(line, nn, "expect") || lower_eq(line, nn, "upgrade")) {
-            return R_SWITCH;
-        }
-        line = le + 2;
-    }
-    if (hosts != 1 || !has_length || count > f->max_header_count ||
-        bytes > f->max_header_bytes || length > f->max_body || (has_json && json > length))
-        return R_SWITCH;
-    if (n - head < length) return R_MORE;
-    const char *body = p + head;
-    *used = head + length; *close = conn_close;
-    if (has_json) {
-        plan_t *pl = find_plan(f, target, tn, body, json, 0);
-        if (!pl || length - json != pl->payload) return R_SWITCH;
-        *plan = pl; *payload = body + json; *payload_end = NULL;
+    if (err != HPE_PAUSED || !r.complete) return R_SWITCH;
+    size_t whole = llhttp_get_error_pos(&parser) - p;
+    if (whole - r.body_len > f->max_head || r.body_len != r.length) return R_SWITCH;
+    *used = whole;
+    *close = !llhttp_should_keep_alive(&parser);
+    const char *body = r.body ? r.body : p + whole;
+    size_t length = r.body_len;
+    const char *target = r.url;
+    size_t tn = r.url_len;
+    if (r.has_json) {
+        plan_t *pl = find_plan(f, target, tn, body, r.json, 0);
+        if (!pl || length - r.json != pl->payload) return R_SWITCH;
+        *plan = pl; *payload = body + r.json; *payload_end = NULL;
         return R_FAST;
     }
     const char *ds, *de;
@@ -544,8 +642,8 @@ static void parse(Front *f, uint32_t slot, double now) {
             break;
         }
         if (r == R_SWITCH) { c->want_py = 1; break; }
-        arrival_t a = {((uint64_t)slot << 40) | ((uint64_t)(c->gen & 0xffff) << 24) |
-                           (c->next_seq & 0xffffff),
+        arrival_t a = {((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
+                           (c->next_seq & SEQ_MASK),
                        now, pl->id, pl->payload};
         if (buf_reserve(&f->arena, pl->payload) || buf_reserve(&f->arrivals, sizeof a)) {
             c->want_py = 1; /* out of memory: Python's path answers it */
@@ -576,6 +674,16 @@ static void parse(Front *f, uint32_t slot, double now) {
 
 static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
     conn_t *c = &f->conns[slot];
+    if (e & EPOLLERR) {
+        /* a reset or a socket error: collected whether or not reading is paused (epoll
+         * reports it level-triggered either way, and an uncollected one spins this thread) */
+        close_conn(f, slot, 1);
+        return;
+    }
+    if ((e & EPOLLHUP) && c->mode == M_C && !(e & EPOLLIN)) {
+        close_conn(f, slot, 0); /* both ways shut, nothing left to read: the client is gone */
+        return;
+    }
     if (c->eof && c->mode != M_LINGER) {
         /* nothing more to read; a hang-up now means the client is gone both ways */
         if (e & (EPOLLHUP | EPOLLERR)) close_conn(f, slot, 1);
@@ -621,10 +729,58 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
     watch(f, slot);
 }
 
-static void do_accept(Front *f, double now) {
-    for (int i = 0; i < 64 && f->accepting; i++) {
+/* Turn a connection away at once: the 503, a FIN, what it sent read and dropped (so the
+ * close is no reset that destroys the 503 on its way), closed. */
+static void refuse_now(Front *f, int fd) {
+    if (send(fd, f->busy.p, f->busy.len, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    close(fd);
+    f->n_refused++;
+}
+
+/* No descriptor, buffer or memory for a new connection: stop watching the listening socket
+ * for ACCEPT_BACKOFF_S (it stays readable, and a level-triggered watch would spin this
+ * thread) and take connections again after it, as nginx and libuv do. */
+static void pause_accepting(Front *f, double now) {
+    if (f->accept_paused || f->lfd < 0) return;
+    struct epoll_event ev = {.events = 0, .data.u64 = TAG_LISTEN};
+    epoll_ctl(f->ep, EPOLL_CTL_MOD, f->lfd, &ev);
+    f->accept_paused = 1; f->accept_resume = now + ACCEPT_BACKOFF_S; f->n_accept_paused++;
+}
+
+static void resume_accepting(Front *f, double now) {
+    if (!f->accept_paused || now < f->accept_resume) return;
+    f->accept_paused = 0;
+    if (f->lfd < 0 || !f->accepting) return;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_LISTEN};
+    epoll_ctl(f->ep, EPOLL_CTL_MOD, f->lfd, &ev);
+}
+
+/* accept4 failed with `err`: 1 go on accepting, 0 stop for now. At the descriptor limit
+ * the spare descriptor is given up for a moment to take the client and refuse it (503),
+ * so a client past the limit is answered rather than left waiting in the backlog. */
+static int accept_failed(Front *f, int err, double now) {
+    if (err == EINTR || err == ECONNABORTED || err == EPROTO) return 1;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    if ((err == EMFILE || err == ENFILE) && f->spare_fd >= 0) {
+        close(f->spare_fd);
         int fd = accept4(f->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) return;
+        if (fd >= 0) refuse_now(f, fd);
+        f->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && f->spare_fd >= 0) return 1;
+    }
+    pause_accepting(f, now);  /* ENOBUFS, ENOMEM, or no spare descriptor to give up */
+    return 0;
+}
+
+static void do_accept(Front *f, double now) {
+    for (int i = 0; i < 64 && f->accepting && !f->accept_paused; i++) {
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (accept_failed(f, errno, now)) continue;
+            return;
+        }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         if (f->nconn >= f->max_conns) {
@@ -640,12 +796,7 @@ static void do_accept(Front *f, double now) {
             if (victim == UINT32_MAX) {
                 /* every one has a request under way: 503, then a lingering close (the
                  * client reads the 503, not a reset), in one of the spare slots */
-                if (!f->nfree) {
-                    if (send(fd, f->busy.p, f->busy.len, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0)
-                        shutdown(fd, SHUT_WR);
-                    close(fd);
-                    continue;
-                }
+                if (!f->nfree) { refuse_now(f, fd); continue; }
                 uint32_t slot = f->freelist[--f->nfree];
                 conn_t *c = &f->conns[slot];
                 uint32_t gen = c->gen;
@@ -666,7 +817,7 @@ static void do_accept(Front *f, double now) {
             }
             close_conn(f, victim, 0);
         }
-        if (!f->nfree) { close(fd); continue; }
+        if (!f->nfree) { refuse_now(f, fd); continue; }  /* every slot held or reserved */
         uint32_t slot = f->freelist[--f->nfree];
         conn_t *c = &f->conns[slot];
         uint32_t gen = c->gen;
@@ -719,6 +870,8 @@ static void *io_main(void *arg) {
             if (c->open && c->gen == gen && (e & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_read(f, slot, now, e);
         }
         if (now - last_sweep > SWEEP_S) { sweep(f, now); last_sweep = now; }
+        resume_accepting(f, now);
+        f->n_loops++;
         signal_py(f);
         pthread_mutex_unlock(&f->mu);
     }
@@ -749,7 +902,9 @@ static int Front_init(Front *f, PyObject *args, PyObject *kw) {
     if (f->started) { PyBuffer_Release(&busy); PyErr_SetString(PyExc_RuntimeError, "started"); return -1; }
     pthread_mutex_init(&f->mu, NULL);
     f->max_conns = mc ? mc : 1; f->max_pipe = mp ? mp : 1; f->max_header_count = mhc;
-    f->max_header_bytes = mhb; f->max_head = 2 * mhb + 8192; f->max_body = mb;
+    /* a head the front serves: what the Python server never refuses as too long (its bound,
+     * 2 * max_header_bytes + 5120, counts whole slices of up to 4096 bytes) */
+    f->max_header_bytes = mhb; f->max_head = 2 * mhb + 1024; f->max_body = mb;
     f->high_water = hw; f->keep_alive_s = ka; f->partial_s = ps;
     f->nslots = f->max_conns + 64;
     f->conns = calloc(f->nslots, sizeof(conn_t));
@@ -760,6 +915,7 @@ static int Front_init(Front *f, PyObject *args, PyObject *kw) {
     for (uint32_t i = 0; i < f->nslots; i++) f->freelist[i] = f->nslots - 1 - i;
     f->nfree = f->nslots;
     f->lfd = dup(fd);
+    f->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     f->ep = epoll_create1(EPOLL_CLOEXEC);
     f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     f->py_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -790,6 +946,8 @@ static void stop_thread(Front *f) {
     for (uint32_t s = 0; s < f->nslots; s++) if (f->conns[s].open) close_conn(f, s, 0);
     if (f->lfd >= 0) close(f->lfd);
     close(f->ep); close(f->wake_fd); close(f->py_fd);
+    if (f->spare_fd >= 0) close(f->spare_fd);
+    f->spare_fd = -1;
     f->lfd = f->ep = f->wake_fd = f->py_fd = -1;
 }
 
@@ -962,22 +1120,27 @@ static PyObject *Front_take(Front *f, PyObject *unused) {
  * `body` parts. */
 static void place(Front *f, uint64_t token, const char **head, const size_t *hl, int nh,
                   const char **body, const size_t *bl, int nb, int close) {
-    uint32_t slot = token >> 40, gen16 = (token >> 24) & 0xffff, seq = token & 0xffffff;
+    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
     if (slot >= f->nslots) return;
     conn_t *c = &f->conns[slot];
-    if (!c->open || (c->gen & 0xffff) != gen16 || c->mode == M_LINGER) return;
-    if (((seq - c->write_seq) & 0xffffff) >= ((c->next_seq - c->write_seq) & 0xffffff)) return;
+    if ((c->gen & GEN_MASK) != gen) return;
+    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK)) return;
+    if (!c->open) {  /* its client is gone: the answer is dropped; the last frees the slot */
+        if (c->reserved && !--c->owed) free_slot(f, slot);
+        return;
+    }
+    if (c->mode == M_LINGER) { c->gone++; return; }
     if (close && !c->close_seq_set) {  /* this answer closes: nothing after it is read */
         c->close_seq_set = 1; c->close_seq = seq; c->no_more = 1;
     }
-    int last = c->close_seq_set && (c->close_seq & 0xffffff) == seq;
+    int last = c->close_seq_set && (c->close_seq & SEQ_MASK) == seq;
     const char *tail = last ? "connection: close\r\n\r\n" : "\r\n";
     size_t tn = strlen(tail), total = tn;
     for (int i = 0; i < nh; i++) total += hl[i];
     for (int i = 0; i < nb; i++) total += bl[i];
     buf_t *dst = NULL;
     held_t *h = NULL;
-    if ((c->write_seq & 0xffffff) == seq) {
+    if ((c->write_seq & SEQ_MASK) == seq) {
         dst = &c->out;
         if (buf_reserve(dst, total)) { close_conn(f, slot, 0); return; }
     } else {
@@ -992,17 +1155,17 @@ static void place(Front *f, uint64_t token, const char **head, const size_t *hl,
     if (h) {
         h->len = total;
         held_t **pp = &c->held;
-        while (*pp && (((*pp)->seq - c->write_seq) & 0xffffff) < ((seq - c->write_seq) & 0xffffff)) pp = &(*pp)->next;
+        while (*pp && (((*pp)->seq - c->write_seq) & SEQ_MASK) < ((seq - c->write_seq) & SEQ_MASK)) pp = &(*pp)->next;
         h->next = *pp; *pp = h;
         return;
     }
     dst->len += total;
     c->write_seq++;
     if (last) linger_close(f, slot);
-    while (c->held && c->held->seq == (c->write_seq & 0xffffff)) {
+    while (c->mode != M_LINGER && c->held && c->held->seq == (c->write_seq & SEQ_MASK)) {
         held_t *n = c->held;
         c->held = n->next;
-        int l2 = c->close_seq_set && (c->close_seq & 0xffffff) == n->seq;
+        int l2 = c->close_seq_set && (c->close_seq & SEQ_MASK) == n->seq;
         buf_add(&c->out, n->data, n->len);
         free(n);
         c->write_seq++;
@@ -1202,9 +1365,10 @@ static PyObject *Front_addresses(Front *f, PyObject *args) {
 
 static PyObject *Front_stats(Front *f, PyObject *unused) {
     LOCK(f);
-    unsigned long long in = 0, out = 0, queued = 0, python = 0;
+    unsigned long long in = 0, out = 0, queued = 0, python = 0, reserved = 0;
     for (uint32_t s = 0; s < f->nslots; s++) {
         conn_t *c = &f->conns[s];
+        reserved += c->reserved;
         if (!c->open) continue;
         in += c->in.len - c->in_off;
         out += c->out.len - c->out_off;
@@ -1213,10 +1377,16 @@ static PyObject *Front_stats(Front *f, PyObject *unused) {
         python += c->mode == M_PY;
     }
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsIsIsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "{sKsKsKsIsIsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
         "switched", (unsigned long long)f->n_switched, "accepted", (unsigned long long)f->n_accepted,
         "connections", f->nconn, "plans", f->nplans, "unparsed_bytes", in, "unsent_bytes", out,
-        "queued", queued, "python_mode", python);
+        "queued", queued, "python_mode", python,
+        /* slots held for answers to closed connections; connections turned away at once
+         * (503); turns of the front's loop (an idle one takes ~10 a second); pauses of
+         * accepting (no descriptor or buffer) */
+        "reserved", reserved, "refused", (unsigned long long)f->n_refused,
+        "loops", (unsigned long long)f->n_loops,
+        "accept_paused", (unsigned long long)f->n_accept_paused);
     UNLOCK(f);
     return d;
 }
@@ -1253,6 +1423,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_front", NULL, -1, N
 
 PyMODINIT_FUNC PyInit__front(void) {
     if (PyType_Ready(&FrontType) < 0) return NULL;
+    rq_settings_init();
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&FrontType);

@@ -362,6 +362,8 @@ class Connection:
         self.pump()
 
     def _send_rejection(self) -> None:
+        if self.lingering is not None:
+            return  # an answer before it closed the connection: the client hears no more
         status, message = self.rejection
         self.transport.write(error_response(status, error_body(message)))
         self.linger()

@@ -152,9 +152,12 @@ class Cycle:
                         else b"".join(self.body))
                 self.body.clear()
                 self.buffered = 0
-                self.body_done = self.complete
+                more = not self.complete
+                self.body_done = not more
+                # Reading again may parse the rest of the body at once (and complete the
+                # request): that rest is the next message's, so `more` is decided first.
                 self.conn.resume_reading()
-                return {"type": "http.request", "body": body, "more_body": not self.complete}
+                return {"type": "http.request", "body": body, "more_body": more}
             if self.disconnected or self.answered or self.conn.closed:
                 return {"type": "http.disconnect"}
             if self.expect_100 and not self.body_done:

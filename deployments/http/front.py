@@ -44,7 +44,7 @@ from deployments.http.blocks import Blocks
 from deployments.http.connection import Connection
 from deployments.http.cycle import READ_BUFFER_BYTES, Cycle, error_response
 from deployments.http.errors import Unavailable, error_parts
-from deployments.http.server import HttpServer
+from deployments.http.server import HttpServer, connection_room
 
 try:
     from deployments.http import _front
@@ -84,11 +84,23 @@ class _Connection(Connection):
     """A connection in Python mode; handed back to the front once idle."""
 
     cycle_class = _LearningCycle
+    begun = False  # the parser has taken bytes of a request it has not finished
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.begun = True
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.begun = False
 
     def done(self, cycle: Cycle) -> None:
         super().done(cycle)
+        # Handed back only between requests: a slice fed to the parser may end inside the
+        # next request (llhttp then holds its first bytes), and those bytes are not the
+        # front's to frame again.
         if (not self.closed and not self.cycles and not self.inbuf and self.in_head
-                and self.head_fed == 0 and self.parsing is None and self.rejection is None
+                and not self.begun and self.parsing is None and self.rejection is None
                 and not self.no_more and self.lingering is None and not self.eof
                 and not self.write_paused and not self.waiting and not self.pumping
                 and self.transport.release()):
@@ -187,6 +199,7 @@ class FrontServer(HttpServer):
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()
+        self.max_connections = connection_room(self.max_connections)
         sock = self._bind()
         try:
             sock.listen(2048)

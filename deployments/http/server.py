@@ -64,6 +64,9 @@ cycle (ASGI `receive`/`send`, framing) is `deployments.http.cycle`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import resource
 import socket
 import time
 from collections import deque
@@ -74,6 +77,31 @@ from deployments.http.cycle import READ_BUFFER_BYTES
 from deployments.http.portclaim import claim_port
 
 TURN_READS = 64  # reads parsed in one turn of the event loop; past them, the next turn
+# Descriptors kept free of connections: Ray's own sockets and files, the native front's
+# slots for 503s past the limit, the logs.
+SPARE_DESCRIPTORS = 128
+
+log = logging.getLogger("deployments.http")
+
+
+def connection_room(wanted: int) -> int:
+    """`wanted` (ingress.max_connections), or fewer where the process may not open that many
+    descriptors (RLIMIT_NOFILE, less what is open and SPARE_DESCRIPTORS): past the limit
+    every accept fails, so the limit is kept below it and said once."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 64
+    room = max(8, soft - in_use - SPARE_DESCRIPTORS)
+    if wanted <= room:
+        return wanted
+    log.warning("ingress.max_connections is %d but this process may open %d descriptors "
+                "(RLIMIT_NOFILE, %d in use): serving at most %d connections; raise the limit "
+                "(ulimit -n) to serve more", wanted, soft, in_use, room)
+    return room
 
 
 class HttpServer:
@@ -128,6 +156,7 @@ class HttpServer:
     async def start(self) -> None:
         """Bind and listen; `port` 0 takes a free port (read `self.port` after)."""
         self._loop = loop = asyncio.get_running_loop()
+        self.max_connections = connection_room(self.max_connections)
         sock = self._bind()
         self._server = await loop.create_server(lambda: Connection(self), sock=sock,
                                                 backlog=2048)

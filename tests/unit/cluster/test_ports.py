@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 from cluster import ports
@@ -22,7 +23,8 @@ def test_a_taken_port_is_passed_over(monkeypatch):
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        draws = iter([taken, taken + 1 if taken + 1 < 65536 else taken - 1])
+        # the taken port first, then others (any of which a neighbour may hold too)
+        draws = itertools.chain([taken], (p for p in range(20_000, 65_536) if p != taken))
         monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(draws))
         monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
         assert ports.free_port() != taken

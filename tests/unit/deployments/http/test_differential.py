@@ -129,8 +129,8 @@ def h11_frames(data: bytes) -> list[tuple[str, str, int, str]]:
     before a request line are dropped (2.2 asks a server to ignore at least one empty line
     there; h11 ignores none), and runs of spaces between the request line's parts count as
     one (3: a recipient may split the line on whitespace; h11 wants one space). An HTTP/1.0
-    request with `Connection: keep-alive` keeps the connection, as the server allows and
-    h11 does not."""
+    request with `Connection: keep-alive` (or `Proxy-Connection`) keeps the connection, as
+    the server allows and h11 does not."""
     out: list[tuple[str, str, int, str]] = []
     rest = data
     while True:
@@ -152,8 +152,10 @@ def h11_frames(data: bytes) -> list[tuple[str, str, int, str]]:
             if isinstance(event, h11.Request):
                 current, body = (event.method.decode(), _normal(event.target)), b""
                 # HTTP/1.0 keep-alive, which the server serves and h11 does not
+                # (llhttp reads Proxy-Connection as Connection)
                 kept_10 = event.http_version == b"1.0" and any(
-                    n == b"connection" and b"keep-alive" in v.lower() for n, v in event.headers)
+                    n in (b"connection", b"proxy-connection") and b"keep-alive" in v.lower()
+                    for n, v in event.headers)
             elif isinstance(event, h11.Data):
                 body += event.data
             elif isinstance(event, h11.EndOfMessage):
