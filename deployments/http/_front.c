@@ -70,7 +70,7 @@
 #define SEQ_MASK 0xffffffu
 
 enum { M_C = 0, M_PY = 1, M_LINGER = 2 };
-enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5 };
+enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5, EV_GONE = 6 };
 
 typedef struct { char *p; size_t len, cap; } buf_t;
 
@@ -129,7 +129,7 @@ typedef struct {
     buf_t arena, arrivals;
     ev_t *ev_head, *ev_tail;
     buf_t busy; /* the whole 503 for a connection past max_conns */
-    uint64_t n_fast, n_switched, n_accepted, n_refused, n_loops, n_accept_paused;
+    uint64_t n_fast, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
     int json_plans;
     int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
     int accept_paused; double accept_resume;
@@ -227,7 +227,13 @@ static void close_conn(Front *f, uint32_t slot, int tell_py) {
     c->held = NULL;
     c->open = 0; c->fd = -1;
     f->nconn--;
-    if (owed) { c->reserved = 1; c->owed = owed; return; }  /* answers still to come */
+    if (owed) {  /* answers still to come: the slot waits for them */
+        c->reserved = 1; c->owed = owed;
+        /* Python cancels what of it the engine has not started: its tokens' common part */
+        uint64_t prefix = ((uint64_t)slot << 16) | (c->gen & GEN_MASK);
+        push_ev(f, EV_GONE, slot, c->gen, 0, (const char *)&prefix, sizeof prefix);
+        return;
+    }
     free_slot(f, slot);
 }
 
@@ -855,6 +861,7 @@ static void *io_main(void *arg) {
     while (1) {
         int n = epoll_wait(f->ep, evs, 256, 100);
         pthread_mutex_lock(&f->mu);
+        if (n == 0) f->n_idle++;
         if (!f->running) { pthread_mutex_unlock(&f->mu); break; }
         double now = now_s();
         for (int i = 0; i < n; i++) {
@@ -1377,15 +1384,16 @@ static PyObject *Front_stats(Front *f, PyObject *unused) {
         python += c->mode == M_PY;
     }
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsIsIsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "{sKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
         "switched", (unsigned long long)f->n_switched, "accepted", (unsigned long long)f->n_accepted,
         "connections", f->nconn, "plans", f->nplans, "unparsed_bytes", in, "unsent_bytes", out,
         "queued", queued, "python_mode", python,
         /* slots held for answers to closed connections; connections turned away at once
-         * (503); turns of the front's loop (an idle one takes ~10 a second); pauses of
+         * (503); turns of the front's loop, and those its 100 ms wait ended with nothing
+         * to do (a thread at rest has about as many of one as of the other); pauses of
          * accepting (no descriptor or buffer) */
         "reserved", reserved, "refused", (unsigned long long)f->n_refused,
-        "loops", (unsigned long long)f->n_loops,
+        "loops", (unsigned long long)f->n_loops, "idle_loops", (unsigned long long)f->n_idle,
         "accept_paused", (unsigned long long)f->n_accept_paused);
     UNLOCK(f);
     return d;
@@ -1433,5 +1441,6 @@ PyMODINIT_FUNC PyInit__front(void) {
     PyModule_AddIntConstant(m, "EOF", EV_EOF);
     PyModule_AddIntConstant(m, "LOST", EV_LOST);
     PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
+    PyModule_AddIntConstant(m, "GONE", EV_GONE);
     return m;
 }

@@ -10,10 +10,10 @@ it) and each request gets its own rows: binary outputs as slices, one JSON outpu
 floats cut from one orjson call (checked equal to the Python path's answer for each
 block's first request, and for the second once a plan); anything else (BYTES, several
 JSON outputs, NaN in one request's rows) request by request, each with its own answer or
-error. An error of the whole block
-(admission, the model) is the same answer to each of its requests. Where a model's engine
-is in batching actors, its arrivals gather into full blocks while a batch of it is in
-flight (`deployments.http.gather`).
+error. An error of the whole block (admission, the model) is the same answer to each of
+its requests. Where a model's engine is in batching actors, its arrivals gather into full
+blocks while a batch of it is in flight (`deployments.http.gather`). A client that went
+away: see `Blocks.gone`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import orjson
 
 from deployments.http.cycle import response_head
 from deployments.http.errors import Unavailable, error_parts, log_error
-from deployments.http.gather import Gather
+from deployments.http.gather import Gather, connection_of
 from deployments.protocol import (
     InferRequest,
     PayloadTooLarge,
@@ -39,6 +39,7 @@ from deployments.protocol.plans import Plan
 
 _ARRIVAL = np.dtype([("token", "<u8"), ("t", "<f8"), ("plan", "<i4"), ("len", "<u4")])
 _PLAIN_PARAMETERS = {"binary_data_output"}  # what a queued request may carry
+
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ class Blocks:
         self.plans: list[_Plan] = []
         self._known: set[tuple[bytes, bytes, bool]] = set()
         self.pending = 0  # blocks the engine has not answered yet
+        self.flying: dict[asyncio.Future, list[Any]] = {}  # block -> [tokens, gone]
         self.gathers: dict[str, Gather] = {}  # model -> its gathering (`gather`)
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
@@ -292,6 +294,7 @@ class Blocks:
             return
         app.inflight += k
         self.pending += 1
+        self.flying[future] = [rec["token"], 0]
         if plan.gather is not None:
             plan.gather.sent(k * plan.rows)
         future.add_done_callback(
@@ -302,6 +305,7 @@ class Blocks:
         app = self.server.oip
         self.pending -= 1
         app.inflight -= k
+        flight = self.flying.pop(future, None)
         if app.inflight == 0 and app._idle is not None:
             app._idle.set()
         g = plan.gather
@@ -309,6 +313,9 @@ class Blocks:
             g.answered(k * plan.rows)
             if g.counts and not g.holds():
                 self.release(plan.model.name)
+        if future.cancelled() and flight is not None and flight[1] == k:
+            self._drop(plan, tokens, k)  # every client of it went away (`gone`)
+            return
         try:
             if future.cancelled():
                 raise asyncio.CancelledError("the engine dropped the block")
@@ -402,6 +409,28 @@ class Blocks:
             body = b"".join(parts)
             self.server.front.answer_same(token, response_head(200, headers, len(body)), body)
             self._counted(plan, 200, 1)
+
+    # -- clients that went away --------------------------------------------------------------
+    def gone(self, prefix: int) -> None:
+        """A client went away with requests queued (`prefix`: its tokens >> 24): those
+        gathering are dropped; a block whose every client went away is cancelled in the
+        engine (what it has not started never runs); a block with a client left runs."""
+        mine_of = connection_of(prefix)
+        for g in self.gathers.values():
+            for pid in list(g.held):
+                tokens = g.drop(pid, mine_of, self.plans[pid].size)
+                if len(tokens):
+                    self._drop(self.plans[pid], tokens.tobytes(), len(tokens))
+        for future, flight in self.flying.items():
+            flight[1] += int(mine_of(flight[0]).sum())
+            if flight[1] == len(flight[0]):
+                future.cancel()
+
+    def _drop(self, plan: _Plan, tokens: bytes, k: int) -> None:
+        """Requests whose clients went away: counted in by the front (their slots wait for
+        them), nothing written; 499, as the Python path counts them."""
+        self.server.front.answer_same(tokens, b"", b"")
+        self._counted(plan, 499, k)
 
     def _fail(self, plan: _Plan, tokens: bytes, k: int, exc: Exception,
               close: bool = False) -> None:

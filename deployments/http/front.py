@@ -26,8 +26,10 @@ note says how) owns every socket. What this module adds:
 What a client sees is the same either way (tests/unit/deployments/http/test_front.py and
 test_front_hostile.py send the same bytes through both): same bytes for the same
 answers, same errors, same limits. What differs: a block's requests share its admission
-decision (the engine still counts each request), and a client that hangs up does not
-cancel its item (its answer is dropped).
+decision (the engine still counts each request). A client that goes away with requests
+queued: those still gathering are dropped, and a block whose every client went away is
+cancelled in the engine (what it has not started never runs); a block with a client left
+runs, and the gone clients' answers are dropped.
 
 The module is optional (`ingress.native_front`); where `_front` was not compiled the
 Python server serves alone (`available()`).
@@ -266,6 +268,8 @@ class FrontServer(HttpServer):
         front = self.front
         if kind == _front.ADOPT:
             self._adopt(cid, data, flag)
+        elif kind == _front.GONE:  # a client went away with requests queued
+            self.book.gone(int.from_bytes(data, "little"))
         else:
             t = self.transports.get(cid)
             if t is None:

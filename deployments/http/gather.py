@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(slots=True)
 class Gather:
@@ -66,8 +68,39 @@ class Gather:
             self.due_s = math.inf
         return out
 
+    def drop(self, plan: int, mine: Any, size: int) -> np.ndarray:
+        """Forget the waiting requests of `plan` whose clients went away: parts are the
+        front's (arrival records, payload of `size` bytes a request); `mine(tokens)` says
+        which are gone. Returns their tokens."""
+        parts, left, dropped = [], 0, []
+        for rec, data in self.held.get(plan, []):
+            gone = mine(rec["token"])
+            if gone.any():
+                dropped.append(rec["token"][gone])
+                rows = np.frombuffer(data, np.uint8).reshape(len(rec), size)
+                rec, data = rec[~gone], memoryview(rows[~gone].tobytes())
+            if len(rec):
+                parts.append((rec, data))
+                left += len(rec)
+        if not dropped:
+            return np.empty(0, np.uint64)
+        if left:
+            self.held[plan], self.counts[plan] = parts, left
+        else:
+            del self.held[plan], self.counts[plan]
+            if not self.counts:
+                self.due_s = math.inf
+        return np.concatenate(dropped)
+
     def sent(self, n: int) -> None:
         self.inflight += n
 
     def answered(self, n: int) -> None:
         self.inflight -= n
+
+
+def connection_of(prefix: int) -> Any:
+    """tokens -> which of them are of the connection whose tokens share `prefix` (a token
+    shifted right by 24: its slot and generation, `_front.c`)."""
+    shift, want = np.uint64(24), np.uint64(prefix)
+    return lambda tokens: (tokens >> shift) == want
