@@ -314,6 +314,8 @@ class Dialer:
     def dial(self, actor: Any, wanted: Callable[[], bool] = lambda: True) -> None:
         """Start opening a connection to `actor`, unless one is opening or it is too soon;
         it is kept once open if `wanted()` still says so (the actor was not replaced)."""
+        if not hasattr(actor, "link_address"):
+            return  # a stand-in (the engine in the ingress, `client._ViaIngress`): Ray calls
         if self._opening is None and asyncio.get_running_loop().time() >= self._retry_at:
             self._opening = detached_task(self._open(actor, wanted))
 

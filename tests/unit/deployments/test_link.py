@@ -376,3 +376,21 @@ def test_fuzzed_bytes_with_and_without_the_token_run_nothing_and_spare_the_calle
     assert answers == [[(k, [10 * k], None)] for k in range(20)]
     assert all(kind == "infer" for kind, _ in seen)  # only the real caller's bundles ran
     assert len(seen) == 6 + 20
+
+
+def test_a_stand_in_with_no_address_is_not_dialled(caplog):
+    """The engine in the ingress stands in for a batching actor (`client._ViaIngress`): it
+    has no `link_address`, so no connection is tried and nothing is said in the log."""
+    from deployments.client import _ViaIngress
+    from deployments.link import Dialer
+
+    async def main() -> Dialer:
+        dialer = Dialer("the batching actor")
+        dialer.dial(_ViaIngress(handle=None, model="m"))
+        await asyncio.sleep(0)
+        return dialer
+
+    with caplog.at_level("DEBUG", logger="deployments"):
+        dialer = asyncio.run(main())
+    assert dialer._opening is None and dialer.live() is None
+    assert "no direct connection" not in caplog.text
