@@ -19,6 +19,7 @@ from batching.iterative.host import IterativeHost, LocalStepClient
 from batching.iterative.policy import IterativePolicy
 from deployments.generation import GenerateMux, StreamHub, collect, generate_request
 from deployments.models.tinylm import TinyLM
+from tests.conftest import until
 
 
 class _Method:
@@ -95,10 +96,8 @@ def test_closing_a_stream_early_cancels_its_generation():
         events = mux.stream("hello", {"max_tokens": 500})
         seen = [await events.__anext__() for _ in range(3)]
         await events.aclose()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if host.stats()["active"] == 0 and host.stats()["cancelled"] == 1:
-                break
+        await until(lambda: host.stats()["active"] == 0 and host.stats()["cancelled"] == 1,
+                    "the generation cancelled", 30)
         return seen, host.stats()
 
     seen, stats = run(main())
@@ -148,10 +147,7 @@ def test_a_caller_that_stops_polling_has_its_generations_cancelled():
         host = IterativeHost(IterativePolicy())  # no replica: the generation waits
         hub = StreamHub(host, iter(range(1000, 2000)).__next__, lease_s=0.3)
         hub.start("gone", [(0, "abc", {"max_tokens": 1000})])
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if host.stats()["cancelled"]:
-                break
+        await until(lambda: host.stats()["cancelled"], "the lease run out", 30)
         return host.stats()
 
     assert run(main())["cancelled"] == 1
@@ -190,10 +186,7 @@ def test_a_hung_up_stream_is_cancelled_in_one_call_whose_errors_are_logged(caplo
             await s.__anext__()
         for s in streams:
             await s.aclose()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if host.stats()["cancelled"] == 2:
-                break
+        await until(lambda: host.stats()["cancelled"] == 2, "both cancelled", 30)
         cancelled = host.stats()["cancelled"]
         actor.cancel_generations = _Failing(actor.calls)
         third = mux.stream("again", {"max_tokens": 500})

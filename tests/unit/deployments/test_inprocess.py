@@ -23,6 +23,7 @@ from deployments.hosts import make_host
 from deployments.inprocess import InProcessClient
 from deployments.pool import ReplicaPool
 from deployments.replica import ModelReplica
+from tests.conftest import until
 
 THREADS: list[tuple[str, str]] = []  # (what ran, on which thread), appended by Probe
 
@@ -137,10 +138,9 @@ def test_the_pool_serves_from_in_process_replicas_and_replaces_a_hung_one():
         ok = await host.submit(Request(1, [1.0, 2.0], False, None, None, 2))
         with pytest.raises(BatchTimedOut):
             await host.submit(Request(2, [-1.0], False, None, None, 1))
-        for _ in range(200):  # the replacement is built on a thread of its own
-            if host.replicas and host.replicas[0] is not first:
-                break
-            await asyncio.sleep(0.01)
+        # the replacement is built on a thread of its own
+        await until(lambda: host.replicas and host.replicas[0] is not first,
+                    "the hung replica replaced", 30)
         again = await host.submit(Request(3, [5.0], False, None, None, 1))
         infos = await pool.info()
         return ok, again, infos
@@ -175,16 +175,14 @@ def test_the_pool_adds_a_replica_when_the_wait_bound_refuses_what_the_count_neve
                 calls.append(host.submit(Request(i, [float(i)], False, None, None, 1)))
             except Overloaded:  # refused at submit: past the wait bound
                 refused += 1
-        for _ in range(1000):  # the autoscaler looks every 0.5 s (10 s: a busy CI machine)
-            if len(host.replicas) == 2:
-                break
-            await asyncio.sleep(0.01)
+        # the autoscaler looks every 0.5 s
+        await until(lambda: len(host.replicas) == 2, "a second replica added", 60)
         after = len(host.replicas)
         await asyncio.wait(calls)  # what was accepted is answered
         assert all(c.exception() is None for c in calls)
         await host.close(1.0, reason="test over")
         return before, refused, after, host.wait_refusals
 
-    before, refused, after, counted = asyncio.run(asyncio.wait_for(main(), 30))
+    before, refused, after, counted = asyncio.run(asyncio.wait_for(main(), 120))
     assert before == 1 and refused > 0 and counted == refused
     assert after == 2

@@ -20,8 +20,8 @@ from deployments.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
 from tests.conftest import until
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 10))
+def run(coro, timeout_s: float = 10.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 class Actor:
@@ -237,6 +237,7 @@ class Replica:
         self.gate = threading.Event()
         self.gate.set()
         self.ray_runs = 0
+        self.started: list = []  # the batches `run` was handed, in order
         self.killed = False
         self.server = ThreadedLinkServer(self._run, workers=2)
         outer = self
@@ -258,6 +259,7 @@ class Replica:
     def _run(self, items):
         if items == "bad":
             raise ValueError("the model broke on this batch")
+        self.started.append(list(items))
         self.gate.wait(10)
         return [2 * x for x in items], 0.001
 
@@ -291,13 +293,14 @@ def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
 
     async def main():
         replica = Replica()
-        client = RayReplicaClient(replica, 0, timeout_s=0.3 if hang else None, link=True)
+        client = RayReplicaClient(replica, 0, link=True)
         client.stop = lambda: (replica.kill(), client._dialer.close())  # as ray.kill does
         await client.run([1])
         await until(lambda: client._dialer.link is not None, "the link open")
+        client.timeout_s = 0.3 if hang else None  # from here: the first is not judged
         replica.gate.clear()
         batch = asyncio.ensure_future(client.run([2]))
-        await asyncio.sleep(0.05)
+        await until(lambda: replica.started[-1:] == [[2]], "the batch with the replica", 30)
         if not hang:
             replica.kill()
         try:
@@ -307,7 +310,7 @@ def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
         finally:
             replica.gate.set()
 
-    error = run(main())
+    error = run(main(), 60)
     assert isinstance(error, ReplicaHung if hang else ReplicaDied)
     if hang:
         assert "batch_timeout_s" in str(error.error)

@@ -25,9 +25,27 @@ from deployments.replica import ModelReplica
 RUN_S = 0.05
 
 
+class ModelClock:
+    """`time` as `deployments.replica` reads it: `perf_counter` moves only while a model
+    runs, RUN_S a batch, so a compute time says which batches it spans, not how fast the
+    machine was."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+CLOCK = ModelClock()
+
+
 class Overlap(VectorTransformer):
-    """FP32 [-1] → x * 2 in RUN_S; counts how many batches run at once, and on which
-    threads it was built and run."""
+    """FP32 [-1] → x * 2 in RUN_S (on `CLOCK` too); counts how many batches run at once,
+    and on which threads it was built and run."""
 
     def __init__(self) -> None:
         self.running = 0
@@ -43,7 +61,8 @@ class Overlap(VectorTransformer):
             self.running += 1
             self.most = max(self.most, self.running)
             self.threads.add(threading.get_ident())
-        time.sleep(RUN_S)
+            CLOCK.now += RUN_S
+        time.sleep(RUN_S)  # a window for a second batch to overlap, were one let in
         with self.guard:
             self.running -= 1
         return xs * 2
@@ -63,7 +82,11 @@ def config(kind: str = "dynamic", **replicas: Any) -> ModelConfig:
     )
 
 
-def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_alone():
+def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_alone(
+        monkeypatch):
+    import deployments.replica as replica_module
+
+    monkeypatch.setattr(replica_module, "time", CLOCK)
     replica = ModelReplica(config().model_dump_json(), 0)
     assert replica.error is None
     batches = [[float(i), float(i + 1)] for i in range(0, 8, 2)]
@@ -75,7 +98,8 @@ def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_a
     assert replica.info()["read_ahead"] is True
     for batch, (results, compute_s) in zip(batches, answers):
         assert [float(r) for r in results] == [2 * x for x in batch]
-        assert RUN_S * 0.9 <= compute_s < RUN_S * 1.9  # its own run, not the queue before it
+        # its own run on the model's clock, not the batches it queued behind
+        assert compute_s == pytest.approx(RUN_S)
 
 
 @pytest.mark.parametrize("inflight", [2, 3])

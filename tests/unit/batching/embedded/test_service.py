@@ -1,7 +1,8 @@
 """BatchedService end to end in one process: real asyncio, a real worker.
 
 Models block on a threading.Event (thread executor) instead of sleeping, so
-every test decides exactly when the model may run.
+every test decides exactly when the model may run; a test that needs a batch running
+waits until the model has seen it (`until`), not for a while.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from batching import (
     VectorTransformer,
     WorkerDied,
 )
+from tests.conftest import until
 
 
 class Square(VectorTransformer):
@@ -125,7 +127,7 @@ def test_full_queue_rejects_at_once_and_keeps_nothing():
         svc, gate, seen = gated(policy, max_inflight_batches=1)
         async with svc:
             first = asyncio.ensure_future(svc.submit("x0"))
-            await asyncio.sleep(0.05)  # x0 is running; the queue is empty
+            await until(lambda: seen == [["x0"]], "x0 running, the queue empty", 30)
             queued = [asyncio.ensure_future(svc.submit(f"q{i}")) for i in range(2)]
             await asyncio.sleep(0)
             with pytest.raises(QueueFull, match="max_queue_size=2"):
@@ -141,7 +143,7 @@ def test_cancelled_request_never_reaches_the_model():
         svc, gate, seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
         async with svc:
             first = asyncio.ensure_future(svc.submit("first"))
-            await asyncio.sleep(0.05)
+            await until(lambda: seen == [["first"]], "the first running", 30)
             doomed = asyncio.ensure_future(svc.submit("doomed"))
             kept = asyncio.ensure_future(svc.submit("kept"))
             await asyncio.sleep(0)
@@ -159,7 +161,7 @@ def test_expired_request_fails_with_deadline_exceeded_and_is_not_run():
         svc, gate, seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
         async with svc:
             first = asyncio.ensure_future(svc.submit("first"))
-            await asyncio.sleep(0.02)
+            await until(lambda: seen == [["first"]], "the first running", 30)
             with pytest.raises(DeadlineExceeded, match="deadline"):
                 await svc.submit("late", timeout_s=0.02)
             gate.set()
@@ -185,11 +187,11 @@ def test_close_drains_what_is_queued_then_refuses_new_work():
 
 def test_close_fails_what_cannot_finish_instead_of_hanging():
     async def main():
-        svc, gate, _seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
+        svc, gate, seen = gated(DynamicPolicy(max_batch_size=1), max_inflight_batches=1)
         await svc.start()
         tasks = [asyncio.ensure_future(svc.submit(i)) for i in range(2)]
-        await asyncio.sleep(0.02)
-        await svc.aclose(timeout_s=0.05)
+        await until(lambda: seen == [[0]], "the first running", 30)
+        await svc.aclose(timeout_s=0.05)  # it cannot finish: the gate stays shut
         res = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, ServiceClosed) for r in res), res
         gate.set()
@@ -227,7 +229,7 @@ def test_preserve_ordering_holds_a_fast_response_for_an_earlier_slow_one(preserv
                 await svc.submit(x, priority=prio)
                 done.append(x)
             tasks = [asyncio.ensure_future(one("first", 2))]
-            await asyncio.sleep(0.02)
+            await until(lambda: seen == [["first"]], "the first running", 30)
             tasks += [asyncio.ensure_future(one("low", 2))]
             await asyncio.sleep(0)
             tasks += [asyncio.ensure_future(one("high", 1))]

@@ -98,17 +98,39 @@ def test_a_body_of_which_nothing_arrives_says_the_request_may_have_been_resent()
     assert "no bytes for" in str(info.value) and "resent" not in str(info.value)
 
 
-def test_the_timeout_counts_from_the_last_piece():
+class _ClockedLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock the test moves: its timers (the reader's stall check
+    among them) fire by `now`, not by how fast the machine is."""
+
+    now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("gaps_s, stalls", [([0.03] * 4, False), ([0.03, 0.06], True)],
+                         ids=["within", "past"])
+def test_the_timeout_counts_from_the_last_piece(gaps_s, stalls):
+    """Pieces `gaps_s` apart on the loop's clock, a 0.05 s stall timeout: four 0.03 s gaps
+    (0.12 s in all) are read whole; a 0.06 s gap after the first piece is a stall."""
     async def slow_pieces():
-        feed = Feed([b"a", b"b", b"c", b"d"])
+        loop = asyncio.get_running_loop()
+        feed, gaps = Feed([b"a", b"b", b"c", b"d"]), iter(gaps_s)
 
         async def receive():
-            await asyncio.sleep(0.03)  # each piece well within 0.05 s; all four past it
+            loop.now += next(gaps)
+            for _ in range(3):  # the reader's timer runs now if it is due
+                await asyncio.sleep(0)
             return await feed()
 
         return await read_body(receive, 100, 0.05)
 
-    assert run(slow_pieces()) == b"abcd"
+    with asyncio.Runner(loop_factory=_ClockedLoop) as runner:
+        if stalls:
+            with pytest.raises(BodyTimeout, match=r"no bytes for 0\.05 s"):
+                runner.run(slow_pieces())
+        else:
+            assert runner.run(slow_pieces()) == b"abcd"
 
 
 def test_a_client_that_hangs_up_mid_body():

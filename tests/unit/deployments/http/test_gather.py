@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
+import time
 
 import pytest
 
+from deployments.http import blocks
 from deployments.http.front import available
 from deployments.http.gather import Gather
 from tests.conftest import until
@@ -87,10 +89,10 @@ def test_arrivals_wait_while_a_full_batch_is_in_flight_and_go_when_it_comes_back
         try:
             s.backend.step.clear()  # the model holds every batch until the test lets go
             readers = await _send(s, range(32))  # 64 items
-            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted", 30)
             readers += await _send(s, range(32, 37))
             book = s.server.book
-            await until(lambda: book.gathers["square"].waiting == 5, "five waiting")
+            await until(lambda: book.gathers["square"].waiting == 5, "five waiting", 30)
             await asyncio.sleep(0.05)
             waited = list(sizes)
             s.backend.step.set()
@@ -99,36 +101,67 @@ def test_arrivals_wait_while_a_full_batch_is_in_flight_and_go_when_it_comes_back
         finally:
             await s.__aexit__(None, None, None)
 
-    waited, sizes, answers = run(main())
+    waited, sizes, answers = run(main(), 60)
     assert sum(waited) == 64  # the five held while the batch ran
     assert sizes[-1] == 10 and sum(sizes) == 74  # then one block of all five
     _squares(answers, 0)
 
 
+class _Clock:
+    """`time` as `deployments.http.blocks` sees it: `monotonic()` is the test's `now`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
 @needs_front
-def test_a_full_block_goes_at_once_and_the_rest_waits_for_the_delay():
+def test_a_full_block_goes_at_once_and_the_rest_waits_for_the_delay(monkeypatch):
+    """The rest goes when the gathering's clock reaches the oldest's due time, and not
+    before: the clock is the test's, and the loop's timer is fired by hand as it would be
+    (its real due time is an hour away)."""
+    delay_s = 3600.0
+    clock = _Clock()
+    monkeypatch.setattr(blocks, "time", clock)
+
     async def main():
-        s, sizes = await _gathering(delay_s=0.3)
+        clock.now = asyncio.get_running_loop().time()  # the loop's timers, at the same scale
+        s, sizes = await _gathering(delay_s=delay_s)
         try:
             s.backend.step.clear()
             readers = await _send(s, range(32))
-            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted", 30)
             first = len(sizes)
             readers += await _send(s, range(32, 72))  # 1.25 blocks
-            await until(lambda: sum(sizes) == 128, "the second full block submitted")
+            book = s.server.book
+            g = book.gathers["square"]
+            await until(lambda: sum(sizes) == 128 and g.waiting == 8,
+                        "the second full block submitted and the rest held", 30)
             early = sizes[first:]
-            start = asyncio.get_running_loop().time()
-            await until(lambda: sum(sizes) == 144, "the rest submitted after the delay")
-            took = asyncio.get_running_loop().time() - start
+            held_at, due_s, timer_s = clock.now, g.due_s, book._timers["square"].when()
+            clock.now = due_s - 0.01  # the timer fires a little early: nothing goes yet
+            book._due("square")
+            before = list(sizes[first:]), g.waiting
+            clock.now = due_s
+            book._due("square")  # as its timer would, at the due time
+            at_due = list(sizes[first:]), g.waiting, g.due_s
             s.backend.step.set()
             answers = [await read_response(r) for r in readers]
-            return early, sizes[first:], took, answers
+            return early, due_s - held_at, timer_s - due_s, before, at_due, answers
         finally:
             await s.__aexit__(None, None, None)
 
-    early, sizes, took, answers = run(main())
-    assert early == [64] and sizes == [64, 16]  # a full block at once, the rest later
-    assert 0.1 < took < 5.0  # the delay's rest, not at once
+    early, wait_s, timer_late_s, before, at_due, answers = run(main(), 60)
+    assert early == [64]  # a full block at once, while the rest waits
+    assert wait_s == pytest.approx(delay_s)  # the oldest's due time: held at + delay_s
+    assert timer_late_s == 0.0  # the loop's timer is set for it
+    assert before == ([64], 8)  # not before it
+    assert at_due == ([64, 16], 0, math.inf)  # then the rest, and nothing waits
     _squares(answers, 0)
 
 
@@ -138,17 +171,20 @@ def test_stopping_sends_what_waits_and_answers_it():
         s, sizes = await _gathering(delay_s=30.0)
         s.backend.step.clear()
         readers = await _send(s, range(32))
-        await until(lambda: sum(sizes) == 64, "the first full batch submitted")
+        await until(lambda: sum(sizes) == 64, "the first full batch submitted", 30)
         r2, w2 = await s.connect()
         w2.write(binary([7.0, 2.0]) + binary([8.0, 2.0]))
-        await until(lambda: s.server.book.gathers["square"].waiting == 2, "two waiting")
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.2, s.backend.step.set)
-        await s.__aexit__(None, None, None)  # stop: what waits is sent and answered
+        await until(lambda: s.server.book.gathers["square"].waiting == 2, "two waiting", 30)
+        held = list(sizes)
+        stopping = asyncio.ensure_future(s.server.stop(30.0))  # stop: what waits is sent
+        await until(lambda: sum(sizes) == 68, "what waited sent at the stop", 30)
+        s.backend.step.set()  # ... and answered, the batch before it too
+        await stopping
         first = [await read_response(r) for r in readers]
-        return sizes, first, [await read_response(r2) for _ in range(2)]
+        return held, sizes, first, [await read_response(r2) for _ in range(2)]
 
-    sizes, first, answers = run(main())
+    held, sizes, first, answers = run(main(), 60)
+    assert sum(held) == 64  # the two waited until the stop
     assert sum(sizes) == 68 and sizes[-1] == 4
     _squares(first, 0)
     _squares(answers, 7)
@@ -162,17 +198,17 @@ def test_clients_that_hang_up_while_held_leave_the_others_their_answers():
     import socket as sockets
 
     async def main():
-        s, sizes = await _gathering(delay_s=0.05)
+        s, sizes = await _gathering(delay_s=30.0)  # held until the batch comes back
         try:
             s.backend.step.clear()
             first = await _send(s, range(32))  # a full batch in flight: the rest are held
-            await until(lambda: sum(sizes) == 64, "the first full batch submitted")
+            await until(lambda: sum(sizes) == 64, "the first full batch submitted", 30)
             kept, gone = [], []
             for c in range(20):
                 r, w = await s.connect()
                 w.write(b"".join(binary([float(c), 2.0]) for _ in range(3)))
                 (gone if c % 2 else kept).append((c, r, w))
-            await until(lambda: s.server.book.gathers["square"].waiting > 0, "some held")
+            await until(lambda: s.server.book.gathers["square"].waiting > 0, "some held", 30)
             for _, _, w in gone:  # reset, not a polite close
                 sock = w.get_extra_info("socket")
                 sock.setsockopt(sockets.SOL_SOCKET, sockets.SO_LINGER, struct.pack("ii", 1, 0))
@@ -182,12 +218,12 @@ def test_clients_that_hang_up_while_held_leave_the_others_their_answers():
             mine = [(c, [await read_response(r) for _ in range(3)]) for c, r, _ in kept]
             book = s.server.book
             await until(lambda: book.pending == 0 and book.gathers["square"].waiting == 0,
-                        "nothing held or in flight")
+                        "nothing held or in flight", 30)
             return answers, mine
         finally:
             await s.__aexit__(None, None, None)
 
-    answers, mine = run(main())
+    answers, mine = run(main(), 60)
     _squares(answers, 0)
     for c, rs in mine:
         assert all(r.status == 200 and struct.unpack("<2f", r.body[-8:]) == (c * c, 4.0)

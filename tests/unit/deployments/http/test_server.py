@@ -15,6 +15,7 @@ import pytest
 from deployments.http.cycle import READ_BUFFER_BYTES
 from deployments.http.portclaim import claim_port
 from deployments.http.server import HttpServer
+from tests.conftest import until
 from tests.unit.deployments.http.fakes import infer_body, make_app, run
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
@@ -168,13 +169,10 @@ def test_an_event_stream_is_chunked_and_a_hang_up_ends_its_generation():
                 pass
             first = await r.readline()  # the size of the first chunk
             w.close()  # hang up mid-stream
-            for _ in range(200):
-                if "gone" in s.backend.closed:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: "gone" in s.backend.closed, "the stream closed", 30)
             return whole, line, first, s.backend.closed, s.app.streams
 
-    whole, line, first, closed, streams = run(main())
+    whole, line, first, closed, streams = run(main(), 60)
     assert whole.headers["transfer-encoding"] == "chunked"
     assert whole.headers["content-type"] == "text/event-stream"
     events = [json.loads(x[6:]) for x in whole.body.split(b"\n\n") if x.startswith(b"data: ")]
@@ -257,6 +255,13 @@ def test_idle_connections_are_closed_by_the_sweep():
     assert answer.status == 200 and rest == b"" and left == 0
 
 
+def _open_connections(s: Served) -> int:
+    """The server's open connections (behind the front, RAYBATCH_TEST_FRONT=1: its count)."""
+    if hasattr(s.server, "front"):
+        return s.server.stats()["connections"]
+    return len(s.server.connections)
+
+
 @pytest.mark.parametrize("quick", [True, False], ids=["quick-lane", "asgi"])
 def test_stop_finishes_what_is_in_flight_and_accepts_nothing_new(quick):
     async def main():
@@ -265,10 +270,11 @@ def test_stop_finishes_what_is_in_flight_and_accepts_nothing_new(quick):
             r, w = await s.connect()
             w.write(request("POST", INFER, infer_body([8.0])))
             idle_r, _idle_w = await s.connect()
-            await asyncio.sleep(0.05)
-            stopping = asyncio.ensure_future(s.server.stop(5))
-            await asyncio.sleep(0.05)
-            idle_eof = await asyncio.wait_for(idle_r.read(), 5)
+            # the request is with the engine, the idle connection accepted
+            await until(lambda: s.app.inflight == 1 and _open_connections(s) == 2,
+                        "the request in flight, the idle connection accepted", 30)
+            stopping = asyncio.ensure_future(s.server.stop(30))
+            idle_eof = await asyncio.wait_for(idle_r.read(), 30)  # bounds the wait only
             s.backend.step.set()
             answer = await read_response(r)
             await stopping
@@ -279,7 +285,7 @@ def test_stop_finishes_what_is_in_flight_and_accepts_nothing_new(quick):
                 refused = True
             return answer, idle_eof, refused
 
-    answer, idle_eof, refused = run(main())
+    answer, idle_eof, refused = run(main(), 60)
     assert answer.json()["outputs"][0]["data"] == [64.0]
     assert idle_eof == b"" and refused
 

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import struct
 
+from tests.conftest import until
 from tests.unit.deployments.http.fakes import infer_body, run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
@@ -65,23 +66,17 @@ def test_a_client_that_hangs_up_cancels_its_quick_lane_request():
             s.backend.step.clear()  # the engine holds every request
             _r, w = await s.connect()
             w.write(request("POST", INFER, infer_body([8.0])))
-            for _ in range(100):
-                if s.app.inflight:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: s.app.inflight, "the request in flight", 30)
             held = s.app.inflight
             sock = w.get_extra_info("socket")  # a reset, not a half-close (FIN): a client
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             w.transport.abort()  # that only half-closes still gets its answer
-            for _ in range(200):
-                if s.backend.cancelled:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: s.backend.cancelled, "the request cancelled", 30)
             s.backend.step.set()
             after = await s.one(request("POST", INFER, infer_body([3.0])))
             return held, s.backend.cancelled, s.app.inflight, s.app.counts, after
 
-    held, cancelled, inflight, counts, after = run(main())
+    held, cancelled, inflight, counts, after = run(main(), 60)
     assert (held, cancelled, inflight) == (1, 1, 0)
     assert counts[("/v2/models/{model}/infer", 499)] == 1
     assert after.json()["outputs"][0]["data"] == [9.0]
@@ -133,10 +128,7 @@ def test_the_quick_lane_leaves_draining_and_full_to_the_asgi_app():
             s.backend.step.clear()
             r1, w1 = await s.connect()
             w1.write(request("POST", INFER, infer_body([2.0])))
-            for _ in range(100):
-                if s.app.inflight:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: s.app.inflight, "the first request in flight", 30)
             full = await s.one(request("POST", INFER, infer_body([3.0])))
             s.backend.step.set()
             first = await read_response(r1)
@@ -145,7 +137,7 @@ def test_the_quick_lane_leaves_draining_and_full_to_the_asgi_app():
             w1.close()
             return full, first, draining
 
-    full, first, draining = run(main())
+    full, first, draining = run(main(), 60)
     assert full.status == 503 and "limit" in full.json()["error"]
     assert first.json()["outputs"][0]["data"] == [4.0]
     assert draining.status == 503 and draining.headers["connection"] == "close"

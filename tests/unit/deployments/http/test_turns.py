@@ -13,6 +13,7 @@ import pytest
 
 from deployments.http.connection import Connection
 from deployments.http.cycle import READ_BUFFER_BYTES
+from tests.conftest import until
 from tests.unit.deployments.http.fakes import infer_body, run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
@@ -93,10 +94,11 @@ def test_a_client_that_leaves_while_its_read_waits_is_skipped_and_the_rest_answe
                 if i != 4:
                     out.append((await read_response(r)).json()["outputs"][0]["data"])
                     w.close()
-            await asyncio.sleep(0.05)
+            await until(lambda: not s.server._waiting and len(s.server.connections) <= 1,
+                        "no read waiting, the closed connections gone", 30)
             return out, len(s.server._waiting), len(s.server.connections)
 
-    out, waiting, left = run(main())
+    out, waiting, left = run(main(), 60)
     assert out == [[0.0], [1.0], [4.0], [9.0], [25.0]]
     assert waiting == 0 and left <= 1
 
