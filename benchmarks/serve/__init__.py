@@ -14,4 +14,6 @@
     bundle_path.py      CPU of Raybatch's own Python per client request, no Ray
     metrics_overhead.py the same app with metrics on and off, ABBA rounds
     ragged.py           minilm on mixed lengths, group_by_length on and off
+    reliability_times.py how fast overload, recovery, a burst and stopping are, against
+                        their targets (the tests check only what happens)
 """
