@@ -8,7 +8,9 @@
 #           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
 #           (marker `own_ray`: `raybatch up` in a process of its own, cluster scenarios),
 #           on free ports of their own.
-# Every test still runs on every push. RAYBATCH_TEST_LANES=1 runs them one after another.
+# Every test still runs on every push but those marked `soak` (they measure: `make soak`;
+# pyproject's addopts leaves them out, and so do the -m expressions here).
+# RAYBATCH_TEST_LANES=1 runs them one after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -30,13 +32,14 @@ took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
   PY="$PY" bash tests/sanitize.sh
   front_rc=$?
   took "the native front's tests, sanitized"
-  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m own_ray tests/integration tests/e2e
+  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "own_ray and not soak" \
+    tests/integration tests/e2e
   own_rc=$?
   took "the own-Ray tests"
   [ "$unit_rc" = 0 ] && [ "$front_rc" = 0 ] && [ "$own_rc" = 0 ]
 ) >"$lane2_log" 2>&1 &
 lane2=$!
-"$PY" -m pytest -q --durations=15 -m "not own_ray" tests/integration tests/e2e
+"$PY" -m pytest -q --durations=15 -m "not own_ray and not soak" tests/integration tests/e2e
 ray_rc=$?
 took "the session-Ray tests"
 "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks
