@@ -2,7 +2,7 @@
 # The whole suite, in two lanes on two cores, each about half of it:
 #   lane 1: the integration and e2e tests that share the session's local Ray, then the
 #           notebooks (each that needs Ray starts and stops its own, once the session's
-#           is gone);
+#           is gone), then the own server's differential fuzzer against h11;
 #   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
 #           and differential cases; the native front's with the front built with ASan
 #           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
@@ -22,11 +22,14 @@ lane2_log=$(mktemp)
 trap 'rm -f "$lane2_log"' EXIT
 start=$(date +%s)
 took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
+# The own server's h11 differential fuzzer runs in lane 1 (after the notebooks), the
+# front's in lane 2: each lane about half of the suite.
+H11_FUZZ=tests/unit/deployments/http/test_differential.py
 (
   front_tests=$(bash tests/sanitize.sh --list)
   # shellcheck disable=SC2046
   "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit \
-    $(printf -- '--ignore=%s ' $front_tests)
+    $(printf -- '--ignore=%s ' $front_tests $H11_FUZZ)
   unit_rc=$?
   took "tests/unit"
   PY="$PY" bash tests/sanitize.sh
@@ -45,9 +48,12 @@ took "the session-Ray tests"
 "$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks
 nb_rc=$?
 took "the notebooks"
+"$PY" -m pytest -q -p no:cacheprovider "$H11_FUZZ"
+fuzz_rc=$?
+took "the h11 differential"
 wait "$lane2"
 lane2_rc=$?
 echo "---- lane 2 (ran beside the above): tests/unit, then the own-Ray tests ----"
 cat "$lane2_log"
 echo "---- the suite took $(( $(date +%s) - start )) s ----"
-[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$lane2_rc" = 0 ]
+[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$fuzz_rc" = 0 ] && [ "$lane2_rc" = 0 ]
