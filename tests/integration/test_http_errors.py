@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -101,13 +102,16 @@ def test_bad_parameters_are_400(http, parameters, says):
 
 
 async def wait_for_state(app, model: str, **want: int) -> None:
-    """Poll the batcher until its stats show `want` (e.g. queued_requests=2)."""
-    for _ in range(1000):
+    """Poll the batcher until its stats show `want` (e.g. queued_requests=2); fail after
+    60 s (a hang guard, not a speed bound)."""
+    give_up = time.monotonic() + 60
+    while True:
         s = await app.astats(model)
         if all(s[k] == v for k, v in want.items()):
             return
+        if time.monotonic() > give_up:
+            raise AssertionError(f"{model} never reached {want}: {s}")
         await asyncio.sleep(0.01)
-    raise AssertionError(f"{model} never reached {want}: {s}")
 
 
 def test_a_full_queue_is_429_with_retry_after(app, gate, front_url):
@@ -143,9 +147,15 @@ def test_a_timeout_that_expires_in_the_queue_is_504(app, gate, front_url):
             gate.close()
             running = asyncio.ensure_future(client.post(url, json=body([1.0])))
             await wait_for_state(app, "gated", inflight_batches=1)
-            late = await client.post(url, json=body([2.0], timeout=50_000))  # 50 ms
+            # 1 s: far more than reaching the queue takes on a busy machine (a request whose
+            # timeout passes on its way is refused before the queue, 429), then it passes
+            # while the request waits behind the held batch
+            sent = time.monotonic()
+            late = asyncio.ensure_future(client.post(url, json=body([2.0], timeout=1_000_000)))
+            await wait_for_state(app, "gated", queued_requests=1)
+            await asyncio.sleep(max(0.0, sent + 1.5 - time.monotonic()))
             gate.open()
-            return late, await running
+            return await late, await running
 
     before = app.stats("gated")
     late, running = arun(main())
