@@ -83,6 +83,7 @@ class Connection:
         self.dropped = 0  # bytes read and dropped while lingering
         self.pumping = self.repump = self.in_feed = False
         self.waiting = False  # its read waits for the loop's next turn (the server's)
+        self.refusal: Refused | None = None  # raised by a parser callback (`_feed`)
 
     @property
     def busy(self) -> bool:
@@ -225,7 +226,11 @@ class Connection:
             else:
                 self.refuse(400, "protocol upgrades (WebSocket, h2c) are not served here")
         except httptools.HttpParserError as e:
-            why = e.__context__  # a callback's own exception (httptools wraps it)
+            # a callback's own exception: httptools sets it as the error's context, but a
+            # feed from inside an exception handler (an app's error answered, the next
+            # request parsed) has that handled exception put there instead; so our own
+            # refusals are kept here as they are raised
+            why, self.refusal = self.refusal or e.__context__, None
             if isinstance(why, Refused):
                 self.refuse(why.status, str(why))
             elif self.no_more:
@@ -255,17 +260,30 @@ class Connection:
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.server.max_header_bytes:
-            raise Refused(414, f"the request URL is over {self.server.max_header_bytes} bytes")
+            raise self._refused(414, f"the request URL is over {self.server.max_header_bytes}"
+                                     " bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value)
         if self.header_bytes > self.server.max_header_bytes:
-            raise Refused(431, f"the request headers are over {self.server.max_header_bytes}"
-                               " bytes (ingress.max_header_bytes); send fewer or smaller")
+            raise self._refused(431, "the request headers are over "
+                                     f"{self.server.max_header_bytes} bytes "
+                                     "(ingress.max_header_bytes); send fewer or smaller")
         if self.in_head:  # a chunked body's trailer fields are counted, never used
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        try:
+            self._head_complete()
+        except Refused as e:
+            self.refusal = e
+            raise
+
+    def _refused(self, status: int, message: str) -> Refused:
+        self.refusal = Refused(status, message)
+        return self.refusal
+
+    def _head_complete(self) -> None:
         parser = self.parser
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii", "replace")
