@@ -159,6 +159,9 @@ def test_an_engine_in_each_of_two_ingress_replicas_records_its_model_apart(app, 
                     "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
                     "batching": {"max_batch_size": 8},
                     "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 0.05},
+                    # its 60 requests all wait, however slow the machine (no admission by
+                    # time: that is not what this test is about)
+                    "limits": {"max_queue_wait_s": None},
                     "batcher": {"placement": "ingress"}}]})
     before = scrape(metrics_url)
     handle = serve.run(build_app(config), name=name, route_prefix="/" + name)
