@@ -66,7 +66,7 @@ def learn(s: ServerThread, raw: bytes | None = None, plan: bool = True) -> None:
     got = exchange(s.port, raw or binary([1.0, 1.0]), count=1)
     assert got.statuses == [200], got
     if s.front and plan:  # the plan is learnt just after the answer is written
-        wait_until(lambda: stats(s)["plans"] > plans, 10, 0.01, "the plan learnt")
+        wait_until(lambda: stats(s)["plans"] > plans, 60, 0.01, "the plan learnt")
 
 
 def stats(s: ServerThread) -> dict:
@@ -136,22 +136,22 @@ def test_an_answer_never_reaches_the_next_client_on_its_slot(tmp_path, monkeypat
         s.backend.step.clear()  # the model holds every batch until the test lets it go
         gone = s.connect()
         gone.sendall(binary([7777.0, 8.0]))
-        wait_until(lambda: stats(s)["queued"] == 1, 10, 0.01, "the request queued")
+        wait_until(lambda: stats(s)["queued"] == 1, 60, 0.01, "the request queued")
         reset(gone)
-        wait_until(lambda: stats(s)["connections"] == 0, 10, 0.01, "the reset seen")
+        wait_until(lambda: stats(s)["connections"] == 0, 60, 0.01, "the reset seen")
         for _ in range(7):  # the slot's generation moves 8 times: 0 mod 4
             c = s.connect()
-            wait_until(lambda: stats(s)["connections"] == 1, 10, 0.005, "accepted")
+            wait_until(lambda: stats(s)["connections"] == 1, 60, 0.005, "accepted")
             c.close()
-            wait_until(lambda: stats(s)["connections"] == 0, 10, 0.005, "closed")
+            wait_until(lambda: stats(s)["connections"] == 0, 60, 0.005, "closed")
         mine = s.connect()
         mine.sendall(binary([1.0, 2.0]))
-        wait_until(lambda: stats(s)["queued"] == 1, 10, 0.01, "the second request queued")
+        wait_until(lambda: stats(s)["queued"] == 1, 60, 0.01, "the second request queued")
         assert stats(s)["reserved"] == 1  # the first client's slot waits for its answer
         s.call(s.backend.step.set)  # on the server's loop: asyncio is not thread-safe
         answer = read_one(mine)
         assert answer.status == 200 and squares(answer.body, 2) == (1.0, 4.0)
-        wait_until(lambda: stats(s)["reserved"] == 0, 10, 0.01, "the slot freed")
+        wait_until(lambda: stats(s)["reserved"] == 0, 60, 0.01, "the slot freed")
         mine.close()
 
 
@@ -177,9 +177,9 @@ def test_answers_keep_their_owners_through_100k_connections(monkeypatch):
         for v in range(3):
             gone = s.connect()
             gone.sendall(binary([1000.0 + v, 8.0]))
-            wait_until(lambda: stats(s)["queued"] == 1, 10, 0.01, "the request queued")
+            wait_until(lambda: stats(s)["queued"] == 1, 60, 0.01, "the request queued")
             reset(gone)
-            wait_until(lambda: stats(s)["connections"] == 0, 10, 0.01, "the reset seen")
+            wait_until(lambda: stats(s)["connections"] == 0, 60, 0.01, "the reset seen")
         waiting = []
         for k, churn in enumerate([65_535, 1, 1, 34_458]):
             _churn(s.port, churn)
@@ -297,10 +297,10 @@ def test_a_block_whose_client_went_away_is_cancelled_in_the_engine():
         s.backend.step.clear()
         c = s.connect()
         c.sendall(binary([4242.0, 1.0]))
-        wait_until(lambda: s.call(lambda: s.server.book.pending) == 1, 10, 0.01, "submitted")
+        wait_until(lambda: s.call(lambda: s.server.book.pending) == 1, 60, 0.01, "submitted")
         reset(c)
-        wait_until(lambda: s.backend.cancelled == 1, 10, 0.01, "the engine request cancelled")
-        wait_until(lambda: stats(s)["reserved"] == 0, 10, 0.01, "the slot freed")
+        wait_until(lambda: s.backend.cancelled == 1, 60, 0.01, "the engine request cancelled")
+        wait_until(lambda: stats(s)["reserved"] == 0, 60, 0.01, "the slot freed")
         s.call(s.backend.step.set)  # on the server's loop: asyncio is not thread-safe
         assert s.app.response_counts().get(("/v2/models/{model}/infer", 499)) == 1
         learn(s, plan=False)  # and it serves on
@@ -321,23 +321,26 @@ def test_a_gathering_request_whose_client_went_away_never_reaches_the_model():
 
         s.app._submit = logged
         s.backend.step.clear()
+        g = s.server.book.gathers["square"]
         fillers = [s.connect() for _ in range(4)]
-        for i, c in enumerate(fillers):  # 64 requests in flight: a full batch of `square`
+        for i, c in enumerate(fillers):  # 64 requests: past a full batch of `square` in flight
             c.sendall(b"".join(binary([float(i), float(j)]) for j in range(16)))
-        wait_until(lambda: len(seen) == 128, 10, 0.01, "a full batch submitted")
+        # each filler request submitted or gathering (how many of each: when they came)
+        wait_until(lambda: s.call(lambda: g.holds() and len(seen) // 2 + g.waiting == 64),
+                   60, 0.01, "a full batch in flight, the rest gathering")
+        held = s.call(lambda: g.waiting)
         gone = s.connect()
         gone.sendall(binary([4242.0, 1.0]))
-        wait_until(lambda: s.call(lambda: s.server.book.gathers["square"].waiting) == 1, 10,
-                   0.01, "the request gathering")
+        wait_until(lambda: s.call(lambda: g.waiting) == held + 1, 60, 0.01,
+                   "the request gathering")
         reset(gone)
-        wait_until(lambda: s.call(lambda: s.server.book.gathers["square"].waiting) == 0, 10,
-                   0.01, "the request dropped")
+        wait_until(lambda: s.call(lambda: g.waiting) == held, 60, 0.01, "the request dropped")
         s.call(s.backend.step.set)  # on the server's loop: asyncio is not thread-safe
         for c in fillers:
             got = read_n(c, 16)
             assert all(a.status == 200 for a in got)
             c.close()
-        wait_until(lambda: stats(s)["reserved"] == 0, 10, 0.01, "the slot freed")
+        wait_until(lambda: stats(s)["reserved"] == 0, 60, 0.01, "the slot freed")
         assert 4242.0 not in seen
 
 
@@ -364,9 +367,9 @@ def test_a_reset_on_a_connection_the_front_stopped_reading_is_closed():
 
         wait_until(push, 30, 0.01, "the front's queue full with input waiting")
         reset(c)
-        wait_until(lambda: stats(s)["connections"] == 0, 10, 0.01, "the reset collected")
+        wait_until(lambda: stats(s)["connections"] == 0, 60, 0.01, "the reset collected")
         assert_rests(lambda: stats(s))
-        wait_until(lambda: stats(s)["reserved"] == 0, 10, 0.01, "the slot freed")
+        wait_until(lambda: stats(s)["reserved"] == 0, 60, 0.01, "the slot freed")
         assert s.backend.cancelled >= 1
         s.call(s.backend.step.set)  # on the server's loop: asyncio is not thread-safe
 
