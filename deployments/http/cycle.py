@@ -164,7 +164,9 @@ class Cycle:
                 self.expect_100 = False
                 self.conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             if not self.body_done:
-                self.conn.resume_reading()
+                self.conn.resume_reading()  # may parse what waited, at once: no wake comes
+                if self.body or self.complete or self.disconnected or self.conn.closed:
+                    continue
             self.waiter = self.conn.loop.create_future()
             try:
                 await self.waiter

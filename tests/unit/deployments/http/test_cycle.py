@@ -54,3 +54,11 @@ def test_pieces_parsed_one_per_receive_all_arrive():
     got = _messages([b"a"], [b"b", b"c", b"d"])
     assert b"".join(m["body"] for m in got) == b"abcd"
     assert got[-1]["more_body"] is False and all(m["more_body"] for m in got[:-1])
+
+
+def test_a_body_parsed_by_reading_again_while_none_is_held_is_not_waited_for():
+    """Nothing held when the app asks; reading again parses what waited (a chunk whose
+    size line came in an earlier piece): it is returned, not waited for (a wake that came
+    before the wait was lost, and the body timed out 408)."""
+    got = _messages([], [b'{"inputs":[1]}'])
+    assert b"".join(m["body"] for m in got) == b'{"inputs":[1]}'
