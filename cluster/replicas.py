@@ -33,10 +33,12 @@ class ReplicaConfig(BaseModel):
     null (default): on for replicas with a GPU (`num_gpus` > 0), off otherwise; never with
     `max_inflight_batches: 1`."""
     link: bool = True
-    """A replica actor that reads ahead takes its batches on a direct TCP connection from
+    """A dynamic model's replica actor takes its batches on a direct TCP connection from
     its engine (127.0.0.1 on its node, a token from a Ray call first; `deployments.link`)
-    instead of a Ray call each (about 1.3 ms of CPU a call on 2 cores); its model still
-    runs on its own thread. False, or where no connection opens: a Ray call a batch."""
+    instead of a Ray call each (about 1.3 ms of CPU a call on 2 cores). One that reads
+    ahead runs them on its device thread; one that does not, on the connection's own
+    thread, pinned where the replica is, one at a time. False, or where no connection
+    opens: a Ray call a batch. Sequence and generation replicas always take Ray calls."""
     batch_timeout_s: float | None = Field(default=120.0, gt=0)
     """Seconds one batch (or generation step) may run on a replica, counted from when it
     is sent: past it the replica is taken for hung and stopped, that batch's requests

@@ -263,17 +263,35 @@ class Link(_Framing):
 class ThreadedLinkServer:
     """A `LinkServer` for a sync actor (a model replica): its own event loop on a thread of
     its own; each call runs `fn(*args)` on one of `workers` threads (the replica's pipeline
-    slots), so the next batch is read off the socket while one runs."""
+    slots), so the next batch is read off the socket while one runs; with one worker, on
+    the loop's thread itself (the next frame waits in the socket). `initializer` runs first
+    on each of these threads (a replica pins them to its cores)."""
 
-    def __init__(self, fn: Callable[..., Any], workers: int) -> None:
-        self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="link-call")
+    def __init__(self, fn: Callable[..., Any], workers: int,
+                 initializer: Callable[[], None] | None = None) -> None:
         self.loop = asyncio.new_event_loop()
         self.calls = 0  # calls served
-        threading.Thread(target=self.loop.run_forever, name="link", daemon=True).start()
+        ready = threading.Event()
 
-        async def call(*args: Any) -> Any:
-            self.calls += 1
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        def serve() -> None:
+            if initializer is not None:
+                initializer()
+            ready.set()
+            self.loop.run_forever()
+
+        threading.Thread(target=serve, name="link", daemon=True).start()
+        ready.wait()
+        if workers > 1:
+            pool = ThreadPoolExecutor(workers, thread_name_prefix="link-call",
+                                      initializer=initializer)
+
+            async def call(*args: Any) -> Any:
+                self.calls += 1
+                return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        else:  # one call at a time: on the loop's own thread, no hop to another and back
+            async def call(*args: Any) -> Any:
+                self.calls += 1
+                return fn(*args)
 
         async def cancel(*args: Any) -> int:
             return 0  # a batch sent to a replica runs: its caller drops what it gave up on

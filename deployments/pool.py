@@ -73,8 +73,8 @@ class RayReplicaClient:
     A call that has not returned `timeout_s` after it was sent (`replicas.batch_timeout_s`)
     means a hung model: a timer kills the actor, so every call on it ends (ReplicaDied:
     retried elsewhere) and that call raises ReplicaHung (not retried: `BatchTimedOut`).
-    A timer, not `asyncio.wait_for`: no extra task per batch. With `link` (a replica that
-    reads ahead, `replicas.link`) batches go on a direct connection once it is open
+    A timer, not `asyncio.wait_for`: no extra task per batch. With `link` (a dynamic model's
+    replica, `replicas.link`) batches go on a direct connection once it is open
     (`deployments.link`; the first as Ray calls meanwhile): its end is the replica's death,
     or after the timer, that batch's hang, as for a Ray call.
     """
@@ -225,8 +225,9 @@ class ReplicaPool:
             actor = ray.remote(concurrency_groups={"control": 1})(self._replica_class).options(
                 **self._actor_options(), **self._threads()).remote(
                 self._json, index, self.record_metrics)
-            client = RayReplicaClient(actor, index, r.batch_timeout_s, link=r.link and (
-                reads_ahead(self._replica_class, self.config)))
+            # a dynamic model's replica takes its batches on a direct connection
+            client = RayReplicaClient(actor, index, r.batch_timeout_s,
+                                      link=r.link and self._replica_class.DEVICE_THREAD)
         self._starting[index] = client
         return index, client
 

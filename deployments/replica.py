@@ -10,11 +10,11 @@ and the device idled through it (~15 us a request of `sleep`'s 64 x 256 floats, 
 between two batches); now the next batch is read, and the last one's results written,
 while the model runs, and the model still sees one thread (a model may keep per-thread
 state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: there
-that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`:
-`mlp` slower, `sleep` busy 0.83 -> 0.98). Such a replica also takes its batches on a
-direct connection from its engine (`replicas.link`, `deployments.link`: a thread of its
-own reads them off the socket and hands each to the device thread) instead of a Ray call
-each. Sequence and generation replicas
+that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`).
+Every dynamic model's replica actor takes its batches on a direct connection from its
+engine (`replicas.link`, `deployments.link`) instead of a Ray call each: a thread of its
+own reads them off the socket and hands each to the device thread, or, without one, runs
+it right there, pinned with the replica, one batch at a time. Sequence and generation replicas
 (`deployments.stateful_replica`) always keep one thread: their calls change state in
 the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,7 @@ class ModelReplica:
         self._device = (ThreadPoolExecutor(1, thread_name_prefix="model")
                         if reads_ahead(type(self), self.config, in_process) else None)
         self._link: ThreadedLinkServer | None = None  # the engine's connection, once asked
+        self._one_batch = threading.Lock()  # without a device thread: see `run`
         try:
             self._on_device(self._build, started)
         except Exception as e:  # reported by info(): the pool fails the deploy with it
@@ -131,8 +133,13 @@ class ModelReplica:
 
     def run(self, items: Any) -> tuple[Any, float]:
         """One batch: preprocess → transform → postprocess; returns (results, compute_s),
-        the time it ran (not its wait behind the batch before it)."""
-        return self._on_device(self._run, items)
+        the time it ran (not its wait behind the batch before it). Without a device
+        thread, one batch at a time: while the direct connection opens, a batch may come
+        as a Ray call and the next on the connection."""
+        if self._device is not None:
+            return self._device.submit(self._run, items).result()
+        with self._one_batch:
+            return self._run(items)
 
     def _run(self, items: Any) -> tuple[Any, float]:
         t0 = time.perf_counter()
@@ -151,12 +158,21 @@ class ModelReplica:
         """Where the engine connects to send batches without a Ray call each
         (`replicas.link`, `deployments.link`): 127.0.0.1 for a caller on this node, this
         node's address for one elsewhere; with the token it must send first. Each batch
-        runs as `run` does, on the device thread."""
-        if self._device is None:
-            raise RuntimeError("only a replica that reads ahead takes batches on a link")
+        runs as `run` does: on the device thread when it reads ahead (the connection's
+        threads only read and write), else on the connection's one call thread, pinned
+        where the replica is."""
+        if not self.DEVICE_THREAD or self.in_process:
+            raise RuntimeError("only a dynamic model's replica actor takes batches on a link")
         if self._link is None:
-            self._link = ThreadedLinkServer(self.run, self.config.replicas.max_inflight_batches)
+            workers = self.config.replicas.max_inflight_batches if self._device else 1
+            self._link = ThreadedLinkServer(self.run, workers, initializer=self._pin_thread)
         return self._link.address(listen_host(caller_node))
+
+    def _pin_thread(self) -> None:
+        """Pin a thread of this replica's own making where the replica is pinned (affinity
+        is a thread's: one started by a thread Ray made before the pinning would float)."""
+        if self.placement.cpus:
+            os.sched_setaffinity(0, set(self.placement.cpus))
 
     # Its own thread: `raybatch status` must not wait behind a batch that runs for seconds.
     @ray.method(concurrency_group="control")

@@ -2,7 +2,8 @@
 shards, batches of 16, a 2 ms delay): its requests gather into blocks while a batch is in
 flight (`deployments.http.gather`), and under a load of pipelined clients each still gets
 its own answer, and the actors count every request once; the bundles go on the
-ingress's direct connection to the actors (`batcher.link`)."""
+ingress's direct connection to the actors (`batcher.link`), and the batches on each
+actor's to its replicas (`replicas.link`: CPU replicas too)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,6 @@ def test_pipelined_clients_through_the_front_to_batching_actors_get_their_own_an
     assert after["success"]["count"] - before["success"]["count"] == served
     # the bundles went on the ingress's direct connection to each batching actor
     assert after["linked_callers"] >= 1, after
+    # and each batching actor sent its batches on a direct connection to its CPU replicas
+    linked = [r.get("link_batches", 0) for r in after["replica_info"]]
+    assert len(linked) == 2 and sum(linked) > 0, after["replica_info"]

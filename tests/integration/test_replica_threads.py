@@ -1,7 +1,8 @@
 """A dynamic model's replica actor with `read_ahead`, on Ray: with two pipeline slots, the
-batch sent while another runs is read (unpickled) during that run, on a second Ray
-thread, and the model still runs every batch on one thread of its own; with one slot, a
-batch is read only once the one before has ended. Every batch gets its own answers.
+batch sent while another runs is read (unpickled) during that run, on the direct
+connection's thread (or on a second Ray thread, without one), and the model still runs
+every batch on one thread of its own; with one slot, a batch is read only once the one
+before has ended. Every batch gets its own answers.
 
 "While another runs" is a state the test sets, not a moment it guesses: the first batch
 is held at a gate file, the second is sent once the model notes (a file) that the first
@@ -67,24 +68,25 @@ class HeldWhileGated(ReadWhileRunning):
         return np.array([[float(ahead), float(tag)]] * len(values), dtype=np.float32)
 
 
-def config(inflight: int, folder: Path) -> ModelConfig:
+def config(inflight: int, folder: Path, link: bool) -> ModelConfig:
     return ModelConfig(
         name="readahead", transformer="tests.integration.test_replica_threads:HeldWhileGated",
         init_kwargs={"folder": str(folder)},
         inputs=[{"name": "x", "datatype": "FP32", "shape": [-1]}],
         outputs=[{"name": "y", "datatype": "FP32", "shape": [-1, 2]}],
         batching={"max_batch_size": 8, "max_queue_delay_s": 0.0},
-        replicas={"num_cpus": 0.1, "max_inflight_batches": inflight, "read_ahead": True},
+        replicas={"num_cpus": 0.1, "max_inflight_batches": inflight, "read_ahead": True,
+                  "link": link},
         warmup={"enabled": False},
     )
 
 
+@pytest.mark.parametrize("link", [True, False], ids=["link", "ray-calls"])
 @pytest.mark.parametrize("inflight, read_ahead", [(2, 1.0), (1, 0.0)])
 def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
-        ray_address, tmp_path, inflight, read_ahead):
+        ray_address, tmp_path, inflight, read_ahead, link):
     folder, gate = tmp_path, tmp_path / "gate"
-    gate.touch()
-    pool = ReplicaPool(config(inflight, folder), host=None)
+    pool = ReplicaPool(config(inflight, folder, link), host=None)
     _, client = pool._create()
 
     def there(name: str):
@@ -92,13 +94,18 @@ def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
 
     async def main():
         await client.info()  # ready
+        if link:  # a batch as a Ray call while the direct connection opens; then on it
+            await client.run([Noted(0.5, str(folder))])
+            await until(lambda: client._dialer.live() is not None, "the direct connection",
+                        timeout_s=HANG_S)
+        gate.touch()
         first = asyncio.ensure_future(client.run([Noted(1.0, str(folder)),
                                                   Noted(2.0, str(folder))]))
         await until(there("running-1"), "the first batch to run", timeout_s=HANG_S)
         second = asyncio.ensure_future(client.run([Noted(3.0, str(folder))]))
-        if inflight > 1:  # read on the second Ray thread while the first is held
+        if inflight > 1:  # read (on the connection's thread, or Ray's second) meanwhile
             await until(there("read-3"), "the second batch to be read", timeout_s=HANG_S)
-        else:  # one Ray thread: it cannot be read before the first returns
+        else:  # one thread reads and runs: it cannot be read before the first returns
             await asyncio.sleep(0.5)  # room for a wrong read-ahead to show
             assert not (folder / "read-3").exists(), "read while the first batch ran"
         gate.unlink()
@@ -111,8 +118,9 @@ def test_the_next_batch_is_read_while_one_runs_and_the_model_keeps_one_thread(
         gate.unlink(missing_ok=True)
         client.stop()
     assert len(a) == 2 and len(b) == 1  # each batch got its own answers
-    assert [list(map(float, row)) for row in b] == [[read_ahead, 0.0]]
-    assert all(float(row[1]) == 0.0 for row in a)  # one model thread throughout
+    assert [float(row[0]) for row in b] == [read_ahead]
+    # one model thread throughout (the device thread; without one, the thread that reads)
+    assert len({float(row[1]) for row in [*a, *b]}) == 1
 
 
 @pytest.mark.parametrize("read_ahead", [True, False])

@@ -229,7 +229,7 @@ class Replica:
     threaded link server, as `ModelReplica` has; `run` doubles its items, raises for
     "bad", and blocks while `gate` is clear."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 2) -> None:
         import threading
 
         from deployments.link import ThreadedLinkServer
@@ -239,7 +239,12 @@ class Replica:
         self.ray_runs = 0
         self.started: list = []  # the batches `run` was handed, in order
         self.killed = False
-        self.server = ThreadedLinkServer(self._run, workers=2)
+        self.pinned: set[int] = set()  # threads the server's initializer ran on
+        self.ran_on: list[int] = []  # the thread of each batch
+        self.running = self.most_at_once = 0
+        self.server = ThreadedLinkServer(
+            self._run, workers=workers,
+            initializer=lambda: self.pinned.add(threading.get_ident()))
         outer = self
 
         class _M:
@@ -257,10 +262,16 @@ class Replica:
         self.link_address = _M(lambda node: self.server.address("127.0.0.1"))
 
     def _run(self, items):
+        import threading
+
         if items == "bad":
             raise ValueError("the model broke on this batch")
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        self.ran_on.append(threading.get_ident())
         self.started.append(list(items))
         self.gate.wait(10)
+        self.running -= 1
         return [2 * x for x in items], 0.001
 
     def kill(self) -> None:  # as ray.kill: the process and its sockets go
@@ -284,6 +295,29 @@ def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_model
     first, rest, ray_runs = run(main())
     assert first == ([2, 4], 0.001) and rest == [([2 * i], 0.001) for i in range(20)]
     assert ray_runs == 1
+
+
+def test_a_replica_that_does_not_read_ahead_runs_its_linked_batches_one_by_one_in_order():
+    """A CPU replica (one batch at a time, no device thread): the link runs each batch on
+    its own loop's thread, which the replica's initializer pinned, in the order sent."""
+    from deployments.pool import RayReplicaClient
+
+    async def main():
+        replica = Replica(workers=1)
+        client = RayReplicaClient(replica, 0, timeout_s=None, link=True)
+        await client.run([0])  # a Ray call; the link opens meanwhile
+        await until(lambda: client._dialer.link is not None, "the link open")
+        replica.ran_on.clear()
+        replica.gate.clear()  # the first batch holds: the rest queue behind it, in order
+        calls = [asyncio.ensure_future(client.run([i])) for i in range(1, 11)]
+        await until(lambda: replica.started[-1:] == [[1]], "the first linked batch running")
+        replica.gate.set()
+        return await asyncio.gather(*calls), replica
+
+    answers, replica = run(main())
+    assert answers == [([2 * i], 0.001) for i in range(1, 11)]
+    assert replica.started[1:] == [[i] for i in range(1, 11)] and replica.most_at_once == 1
+    assert len(set(replica.ran_on)) == 1 and replica.ran_on[0] in replica.pinned
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["died", "hung"])
