@@ -7,6 +7,9 @@ its own (so its CPU is read from /proc apart from the load generator's):
 - raybatch: the product's own `raybatch up` with the demo config (deployments/configs/
   demo.yaml) cut down to its `mlp` entry at one replica: own HTTP server on the native
   port, engine and replica in the ingress. OIP binary and OIP JSON.
+- raybatch.actors: the same, in the mission's shape: the engine in a batching actor
+  (`batcher.placement: actor`) and the model in a replica actor (`replicas.in_process:
+  false`), nothing else changed.
 - triton: `tritonserver` 2.51 from PyPI's nvidia-pytriton, a Python-backend model.py,
   dynamic batcher 64 / 2 ms, `--http-thread-count` = cores (its fastest here; later
   `--triton-arg`s override it). The same OIP bytes as Raybatch's, binary and JSON.
@@ -47,7 +50,7 @@ from benchmarks.serve.drivers import http_body
 
 REPO = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent / "apps"
-SYSTEMS = ("raybatch", "triton", "mosec", "serve.batch", "litserve")
+SYSTEMS = ("raybatch", "raybatch.actors", "triton", "mosec", "serve.batch", "litserve")
 OIP_PATH = "/v2/models/mlp/infer"
 
 
@@ -221,27 +224,35 @@ def file_stats(path: Path) -> Callable[[], tuple[int, int] | None]:
 
 
 # -- the systems ------------------------------------------------------------------------------
-def raybatch_config(tmp: Path) -> Path:
-    """The demo config with only its mlp, at one replica (one model instance)."""
+def raybatch_config(tmp: Path, actors: bool = False) -> Path:
+    """The demo config with only its mlp, at one replica (one model instance); `actors`:
+    in the mission's shape (a batching actor and a replica actor), nothing else changed."""
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     mlp = next(m for m in cfg["models"] if m["name"] == "mlp")
     mlp["replicas"] = {**mlp["replicas"], "min_replicas": 1, "max_replicas": 1}
+    if actors:
+        mlp["replicas"]["in_process"] = False
+        mlp["batcher"] = {**mlp.get("batcher", {}), "placement": "actor"}
     cfg["models"] = [mlp]
-    path = tmp / "raybatch-mlp.yaml"
+    path = tmp / ("raybatch-mlp-actors.yaml" if actors else "raybatch-mlp.yaml")
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv) -> Server:
+def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
+                   actors: bool = False) -> Server:
     native = port + 1
     argv = [sys.executable, "-c", "from cluster.cli import main; main()", "up",
-            "--config", str(raybatch_config(tmp)), "--host", "127.0.0.1", "--port", str(port),
-            "--native-port", str(native)]
-    log = tmp / "raybatch.log"
+            "--config", str(raybatch_config(tmp, actors)), "--host", "127.0.0.1",
+            "--port", str(port), "--native-port", str(native)]
+    name = "raybatch.actors" if actors else "raybatch"
+    log = tmp / f"{name}.log"
     base = f"http://127.0.0.1:{native}"
     proc = spawn(argv, log, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, cwd=REPO)
-    title = "Raybatch (demo settings: native front, engine and replica in the ingress)"
-    s = Server("raybatch", proc, base, oip_variants("raybatch", title, x), oip_stats(base), log,
+    title = ("Raybatch, the mission's shape (native front; a batching actor and a replica "
+             "actor)" if actors else
+             "Raybatch (demo settings: native front, engine and replica in the ingress)")
+    s = Server(name, proc, base, oip_variants(name, title, x), oip_stats(base), log,
                ready_url=f"{base}/v2/models/mlp/ready")
     wait_ready(s, 300)
     return s
@@ -366,6 +377,7 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     `triton_args`: more `tritonserver` options (e.g. `--http-thread-count=4`)."""
     return {
         "raybatch": [start_raybatch],
+        "raybatch.actors": [lambda x, p, t, e: start_raybatch(x, p, t, e, actors=True)],
         "triton": [lambda x, p, t, e: start_triton(x, p, t, e, triton_args)],
         "mosec": [lambda x, p, t, e: start_mosec(x, p, t, e, True),
                   lambda x, p, t, e: start_mosec(x, p + 1, t, e, False)],
@@ -374,4 +386,5 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     }
 
 
-PORT_OFFSET = {"raybatch": 0, "triton": 10, "mosec": 20, "litserve": 30, "serve.batch": 100}
+PORT_OFFSET = {"raybatch": 0, "raybatch.actors": 5, "triton": 10, "mosec": 20, "litserve": 30,
+               "serve.batch": 100}
