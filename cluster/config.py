@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import yaml
 from pydantic import (
@@ -46,6 +46,7 @@ from cluster.k8s.settings import KubernetesConfig
 # Re-exported: callers have always found these here.
 from cluster.modelpath import ConfigError as ConfigError
 from cluster.modelpath import import_object as import_object
+from cluster.replicas import BatcherConfig as BatcherConfig
 from cluster.replicas import ReplicaConfig as ReplicaConfig
 from cluster.tensorspec import DATATYPES as DATATYPES
 from cluster.tensorspec import RaggedConfig as RaggedConfig
@@ -87,33 +88,6 @@ class WarmupConfig(BaseModel):
         if any(b < 1 for b in v):
             raise ValueError(f"batch_sizes={list(v)}: every size must be >= 1")
         return v
-
-
-class BatcherConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    placement: Literal["actor", "ingress"] = "actor"
-    """Where the engine runs. `actor`: one batching actor per model (per shard), batching
-    the requests of every ingress replica together; one more Ray hop per bundle.
-    `ingress`: each ingress replica runs the engine itself and sends batches straight to
-    its own share of the model's replicas (one hop fewer; batches form per ingress
-    replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
-    Left out: `ingress` for dynamic batching with one shard on CPUs (measured faster on
-    every path but the client's; the docs' placement page), `actor` otherwise: a model with GPUs
-    (`replicas.num_gpus` > 0) batches across every ingress replica on one pool of GPU
-    replicas, which `ingress` would multiply by the ingress replicas."""
-    shards: int = Field(default=1, ge=1)
-    """Batching actors for this model (placement `actor`); each owns its share of the
-    replicas."""
-    num_cpus: float = Field(default=0.0, ge=0)
-    """CPUs each batching actor reserves (placement `actor`), besides what its in-process
-    replicas reserve (`replicas.in_process`)."""
-    link: bool = True
-    """Placement `actor`: callers (ingress replicas, `RaybatchClient`) send bundles and
-    cancels to the batching actor on a direct TCP connection (127.0.0.1 on its node, the
-    node's address from elsewhere; a token from Ray first) instead of a Ray actor call
-    each (about 1.3 ms of CPU a call on 2 cores); everything else stays a Ray call. False,
-    or where no connection opens (a network that allows only Ray's ports): a Ray call each."""
 
 
 class LimitsConfig(BaseModel):
@@ -283,6 +257,13 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _placement(self) -> ModelConfig:
+        if self.batcher.group is not None and (
+                self.batcher.placement != "actor" or self.batcher.shards != 1
+                or self.batching.kind != "dynamic"):
+            raise ValueError(
+                f"batcher.group={self.batcher.group!r}: only dynamic models with "
+                "batcher.placement='actor' and one shard share a batching actor; drop group, "
+                "or set placement to 'actor' and shards to 1")
         if self.batcher.placement != "ingress":
             return self
         if self.batcher.shards != 1:

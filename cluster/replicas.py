@@ -1,7 +1,8 @@
 """A model's replicas as the config describes them: how many, what each reserves, where
-it runs (an actor of its own, pinned or not, or in its engine's process).
+it runs (an actor of its own, pinned or not, or in its engine's process); and where its
+engine runs (`BatcherConfig`: the ingress, or batching actors).
 
-Split from `cluster.config`, which re-exports `ReplicaConfig`: callers find it there.
+Split from `cluster.config`, which re-exports both: callers find them there.
 """
 
 from __future__ import annotations
@@ -108,3 +109,35 @@ class ReplicaConfig(BaseModel):
         """CPUs one of `parts` engine processes reserves for its in-process replicas (its
         share of `max_replicas`, rounded up); 0 when the replicas are actors."""
         return self.num_cpus * -(-self.max_replicas // parts) if self.in_process else 0.0
+
+
+class BatcherConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    placement: Literal["actor", "ingress"] = "actor"
+    """Where the engine runs. `actor`: one batching actor per model (per shard), batching
+    the requests of every ingress replica together; one more Ray hop per bundle.
+    `ingress`: each ingress replica runs the engine itself and sends batches straight to
+    its own share of the model's replicas (one hop fewer; batches form per ingress
+    replica, as with `@serve.batch`). Every kind; a stateful one with one ingress replica.
+    Left out: `ingress` for dynamic batching with one shard on CPUs (measured faster on
+    every path but the client's; the docs' placement page), `actor` otherwise: a model with GPUs
+    (`replicas.num_gpus` > 0) batches across every ingress replica on one pool of GPU
+    replicas, which `ingress` would multiply by the ingress replicas."""
+    shards: int = Field(default=1, ge=1)
+    """Batching actors for this model (placement `actor`); each owns its share of the
+    replicas."""
+    num_cpus: float = Field(default=0.0, ge=0)
+    """CPUs each batching actor reserves (placement `actor`), besides what its in-process
+    replicas reserve (`replicas.in_process`)."""
+    group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Placement `actor`, dynamic models with one shard: models naming the same group share
+    one batching actor process (each keeps its own engine, queue, replicas and metrics in
+    it), which asks Ray for the sum of their CPUs. Fewer processes to start and to keep
+    on a small machine; a model busy enough to want a core of its own leaves it out."""
+    link: bool = True
+    """Placement `actor`: callers (ingress replicas, `RaybatchClient`) send bundles and
+    cancels to the batching actor on a direct TCP connection (127.0.0.1 on its node, the
+    node's address from elsewhere; a token from Ray first) instead of a Ray actor call
+    each (about 1.3 ms of CPU a call on 2 cores); everything else stays a Ray call. False,
+    or where no connection opens (a network that allows only Ray's ports): a Ray call each."""

@@ -1,8 +1,9 @@
 """The Serve application, built from a `RaybatchConfig`.
 
 `serve run deployments.app:app` deploys the config named by the environment
-variable `RAYBATCH_CONFIG` (default: the bundled demo). Each model gets a
-batching actor declared as a deployment-scoped actor of the ingress, so Serve
+variable `RAYBATCH_CONFIG` (default: the bundled demo). Each model (or each
+`batcher.group` of models) gets a batching actor declared as a deployment-scoped
+actor of the ingress, so Serve
 owns its lifecycle: deleting the app (or `serve shutdown`) stops the batching
 actors, and with them the replica actors they own. A model with
 `batcher.placement: ingress` has no batching actor: each ingress replica runs
@@ -16,7 +17,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import DeploymentActorConfig
 
-from cluster.config import RaybatchConfig, load_default
+from cluster.config import ModelConfig, RaybatchConfig, load_default
 from cluster.modelpath import python_path_env
 from cluster.render import logging_config
 from deployments.backends import batcher_actor_name
@@ -31,14 +32,16 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         if config.python_path else {}
     actors = [
         DeploymentActorConfig(
-            name=batcher_actor_name(m.name, shard),
+            name=batcher_actor_name(first.name, shard, first.batcher.group),
             actor_class=BatcherActor,
-            init_kwargs={"model_json": m.model_dump_json(), "shard": shard,
-                         "metrics_json": config.metrics.model_dump_json()},
-            actor_options={"num_cpus": m.batcher_num_cpus, "max_concurrency": 10_000, **env},
+            init_kwargs={"model_json": first.model_dump_json(), "shard": shard,
+                         "metrics_json": config.metrics.model_dump_json(),
+                         **({"group_json": [m.model_dump_json() for m in more]} if more else {})},
+            actor_options={"num_cpus": sum(m.batcher_num_cpus for m in (first, *more)),
+                           "max_concurrency": 10_000, **env},
         )
-        for m in config.models if m.batcher.placement == "actor"  # else: in the ingress
-        for shard in range(m.batcher.shards)
+        for first, *more in batching_actors(config)
+        for shard in range(first.batcher.shards)
     ]
     drain_s = config.ingress.drain_timeout_s
     deployment = Ingress.options(
@@ -56,6 +59,24 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         logging_config=logging_config(config),  # WARNING: no access-log record per request
     )
     return deployment.bind(config.model_dump_json())
+
+
+def batching_actors(config: RaybatchConfig) -> list[list[ModelConfig]]:
+    """The models of each batching actor: one each, or a `batcher.group`'s together (in
+    the config's order); none for a model whose engine runs in the ingress."""
+    groups: dict[str, list[ModelConfig]] = {}
+    out: list[list[ModelConfig]] = []
+    for m in config.models:
+        if m.batcher.placement != "actor":
+            continue
+        if m.batcher.group is None:
+            out.append([m])
+        elif m.batcher.group not in groups:
+            groups[m.batcher.group] = [m]
+            out.append(groups[m.batcher.group])
+        else:
+            groups[m.batcher.group].append(m)
+    return out
 
 
 def app_builder(args: dict[str, Any]) -> serve.Application:

@@ -47,7 +47,10 @@ from deployments.transit import Stamp, in_transit_s, less_transit
 Outcome = tuple[Any, Any, "BaseException | None"]
 
 
-def batcher_actor_name(model: str, shard: int = 0) -> str:
+def batcher_actor_name(model: str, shard: int = 0, group: str | None = None) -> str:
+    """The batching actor's name: of the model's shard, or of its `batcher.group`."""
+    if group is not None:
+        return f"batcher-group-{group}"
     return f"batcher-{model}" if shard == 0 else f"batcher-{model}-{shard}"
 
 
@@ -212,7 +215,9 @@ class ActorBackend:
 
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
                  get_actor: Callable[[str], Any], metrics: CallerMetrics | None = None) -> None:
-        self.names = [batcher_actor_name(config.name, i) for i in range(config.batcher.shards)]
+        self.names = [batcher_actor_name(config.name, i, config.batcher.group)
+                      for i in range(config.batcher.shards)]
+        self.model = config.name
         self._get = get_actor
         self.route = ModelRoute(config, [self._getter(n) for n in self.names],
                                 default_timeout_s, metrics)
@@ -249,7 +254,8 @@ class ActorBackend:
         return self._ready is not None and self._ready.done()
 
     async def stats(self) -> dict[str, Any]:
-        return merge_stats(await asyncio.gather(*(a.stats.remote() for a in self.actors())))
+        return merge_stats(await asyncio.gather(*(a.stats.remote(self.model)
+                                                  for a in self.actors())))
 
     def client_actors(self) -> list[Any] | None:
         """What `RaybatchClient` sends to: the batching actors' handles."""

@@ -70,8 +70,11 @@ class Coalescer:
     """
 
     def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64,
-                 on_lost: Callable[[int], None] | None = None, link: bool = True) -> None:
+                 on_lost: Callable[[int], None] | None = None, link: bool = True,
+                 model: str | None = None) -> None:
         self._get_actor = get_actor
+        # an actor that runs a group of models: each call names this one's
+        self._model = () if model is None else (model,)
         self._bundle_items = bundle_items
         self._on_lost = on_lost  # told how many requests a failed bundle ended (metrics)
         self.caller = uuid.uuid4().hex  # names this coalescer's keys at the actor
@@ -136,11 +139,12 @@ class Coalescer:
             if self._actor is None:
                 self._actor = self._get_actor()
             if link is not None:
-                call = link.call(pack(bundle), self.caller, stamp())
+                call = link.call(pack(bundle), self.caller, stamp(), *self._model)
                 self.linked_bundles += 1
             else:
                 # submitted now, in this tick: see the note
-                call = self._actor.infer.remote(pack(bundle), self.caller, stamp())
+                call = self._actor.infer.remote(pack(bundle), self.caller, stamp(),
+                                                *self._model)
                 if dialer is not None:
                     self._ray_keys.update(entry[0] for entry in bundle)
                     actor = self._actor
@@ -224,12 +228,12 @@ class Coalescer:
             by_ray = [k for k in keys if k in self._ray_keys] if self._ray_keys else []
             if len(by_ray) < len(keys):
                 link.cancel(self.caller, [k for k in keys if k not in self._ray_keys]
-                            if by_ray else keys)
+                            if by_ray else keys, *self._model)
             if not by_ray:
                 return
             keys = by_ray
         try:
-            call = self._actor.cancel.remote(self.caller, keys)
+            call = self._actor.cancel.remote(self.caller, keys, *self._model)
         except Exception as e:
             log.warning("cancelling %d requests failed: %r", len(keys), e)
             return

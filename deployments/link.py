@@ -227,9 +227,11 @@ class Link(_Framing):
         self.transport.write(_frame(self.next_id, INFER, pickle.dumps(args, protocol=5)))
         return fut
 
-    def cancel(self, caller: str, keys: list[Any]) -> None:
+    def cancel(self, caller: str, keys: list[Any], *more: Any) -> None:
+        """`more`: the model, at an actor that runs a group of them."""
         if not self.closed:
-            self.transport.write(_frame(0, CANCEL, pickle.dumps((caller, keys), protocol=5)))
+            self.transport.write(_frame(0, CANCEL, pickle.dumps((caller, keys, *more),
+                                                                protocol=5)))
 
     def frame(self, cid: int, kind: int, payload: bytes) -> None:
         fut = self.open.pop(cid, None)

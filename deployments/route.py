@@ -58,7 +58,9 @@ class ModelRoute:
         size = getattr(config.batching, "max_batch_size", 64)
         lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
         link = config.batcher.link
-        self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost, link=link)
+        group = config.batcher.group  # the actor runs several models: calls name this one
+        self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost, link=link,
+                                           model=config.name if group else None)
                                  for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = generators if generators is not None else (

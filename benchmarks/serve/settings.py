@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from benchmarks.serve.report import LATENCY_C, SLEEP_C
 
 SETUPS: dict[str, tuple[str, str]] = {
-    "default": ("ingress+idle+inproc+native", "the product default (demo.yaml)"),
+    "default": ("actor+idle+native", "the product default (demo.yaml): a batching actor "
+                                     "and replica actors"),
+    "inproc": ("ingress+idle+inproc+native", "the in-process shortcut: engine and replica in "
+                                             "the ingress"),
     "gpu": ("ingress+idle+native+fill+ahead", "the GPU setup (gpu.yaml): replica actors "
                                               "reading ahead, fill_while_busy"),
     "actor": ("actor+idle+inproc", "the batching-actor setup (batcher.placement: actor)"),

@@ -35,12 +35,14 @@ def test_no_import_cycle_among_the_benchmarks():
 
 
 def test_the_named_setups_are_the_documented_ones():
-    assert set(settings.SETUPS) == {"default", "gpu", "actor"}
+    assert set(settings.SETUPS) == {"default", "inproc", "gpu", "actor"}
     mlp = bench_models()["mlp"]
     default = raybatch_config(mlp, "a", "/a", settings.spec_of("default"), 8180)
     model = default["models"][0]
-    assert model["batcher"]["placement"] == "ingress" and model["replicas"]["in_process"]
+    assert model["batcher"]["placement"] == "actor" and not model["replicas"]["in_process"]
     assert model["batching"]["idle_dispatch"] and default["ingress"]["native_port"] == 8180
+    inproc = raybatch_config(mlp, "i", "/i", settings.spec_of("inproc"), 8182)["models"][0]
+    assert inproc["batcher"]["placement"] == "ingress" and inproc["replicas"]["in_process"]
     gpu = raybatch_config(mlp, "g", "/g", settings.spec_of("gpu"), 8181)["models"][0]
     assert gpu["batching"]["fill_while_busy"] and gpu["replicas"]["read_ahead"]
     assert not gpu["replicas"]["in_process"]

@@ -213,3 +213,26 @@ def test_a_client_of_an_ingress_placed_engine_sends_through_the_handle_and_cance
         assert c.cancels_sent == 1  # sent to the stand-in, which drops it: no error
 
     run(main())
+
+
+def test_to_an_actor_that_runs_a_group_each_call_names_its_model():
+    """`batcher.group`: the bundles and cancels carry the model, last; without a group
+    they carry what they always did."""
+    async def main():
+        actor, alone = FakeActor(), FakeActor()
+        c = Coalescer(lambda: actor, bundle_items=8, link=False, model="mlp")
+        plain = Coalescer(lambda: alone, bundle_items=8, link=False)
+        fut = c.submit([1], None, None)
+        plain.submit([2], None, None)
+        await spin()
+        fut.cancel()
+        await spin()
+        return actor, alone, c
+
+    actor, alone, c = run(main())
+    (args, _), = actor.bundles
+    assert len(args) == 4 and args[1] == c.caller and args[3] == "mlp"
+    (cancel, _), = actor.cancels
+    assert cancel == (c.caller, [0], "mlp")
+    (args, _), = alone.bundles
+    assert len(args) == 3
