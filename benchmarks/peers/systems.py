@@ -6,10 +6,10 @@ its own (so its CPU is read from /proc apart from the load generator's):
 
 - raybatch: the product's own `raybatch up` with the demo config (deployments/configs/
   demo.yaml) cut down to its `mlp` entry at one replica: own HTTP server on the native
-  port, engine and replica in the ingress. OIP binary and OIP JSON.
-- raybatch.actors: the same, in the mission's shape: the engine in a batching actor
-  (`batcher.placement: actor`) and the model in a replica actor (`replicas.in_process:
-  false`), nothing else changed.
+  port, the mission's shape (the engine in a batching actor, the model in a replica
+  actor). OIP binary and OIP JSON.
+- raybatch.inproc: the same with the in-process shortcut (`batcher.placement: ingress`,
+  `replicas.in_process: true`: engine and replica in the ingress), nothing else changed.
 - triton: `tritonserver` 2.51 from PyPI's nvidia-pytriton, a Python-backend model.py,
   dynamic batcher 64 / 2 ms, `--http-thread-count` = cores (its fastest here; later
   `--triton-arg`s override it). The same OIP bytes as Raybatch's, binary and JSON.
@@ -50,7 +50,7 @@ from benchmarks.serve.drivers import http_body
 
 REPO = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent / "apps"
-SYSTEMS = ("raybatch", "raybatch.actors", "triton", "mosec", "serve.batch", "litserve")
+SYSTEMS = ("raybatch", "raybatch.inproc", "triton", "mosec", "serve.batch", "litserve")
 OIP_PATH = "/v2/models/mlp/infer"
 
 
@@ -224,34 +224,34 @@ def file_stats(path: Path) -> Callable[[], tuple[int, int] | None]:
 
 
 # -- the systems ------------------------------------------------------------------------------
-def raybatch_config(tmp: Path, actors: bool = False) -> Path:
-    """The demo config with only its mlp, at one replica (one model instance); `actors`:
-    in the mission's shape (a batching actor and a replica actor), nothing else changed."""
+def raybatch_config(tmp: Path, inproc: bool = False) -> Path:
+    """The demo config with only its mlp, at one replica (one model instance); `inproc`:
+    with the in-process shortcut (engine and replica in the ingress), nothing else changed."""
     cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
     mlp = next(m for m in cfg["models"] if m["name"] == "mlp")
     mlp["replicas"] = {**mlp["replicas"], "min_replicas": 1, "max_replicas": 1}
-    if actors:
-        mlp["replicas"]["in_process"] = False
-        mlp["batcher"] = {**mlp.get("batcher", {}), "placement": "actor"}
+    if inproc:
+        mlp["replicas"]["in_process"] = True
+        mlp["batcher"] = {"placement": "ingress"}
     cfg["models"] = [mlp]
-    path = tmp / ("raybatch-mlp-actors.yaml" if actors else "raybatch-mlp.yaml")
+    path = tmp / ("raybatch-mlp-inproc.yaml" if inproc else "raybatch-mlp.yaml")
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
 def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
-                   actors: bool = False) -> Server:
+                   inproc: bool = False) -> Server:
     native = port + 1
     argv = [sys.executable, "-c", "from cluster.cli import main; main()", "up",
-            "--config", str(raybatch_config(tmp, actors)), "--host", "127.0.0.1",
+            "--config", str(raybatch_config(tmp, inproc)), "--host", "127.0.0.1",
             "--port", str(port), "--native-port", str(native)]
-    name = "raybatch.actors" if actors else "raybatch"
+    name = "raybatch.inproc" if inproc else "raybatch"
     log = tmp / f"{name}.log"
     base = f"http://127.0.0.1:{native}"
     proc = spawn(argv, log, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, cwd=REPO)
-    title = ("Raybatch, the mission's shape (native front; a batching actor and a replica "
-             "actor)" if actors else
-             "Raybatch (demo settings: native front, engine and replica in the ingress)")
+    title = ("Raybatch, in-process shortcut (native front; engine and replica in the ingress)"
+             if inproc else
+             "Raybatch (demo settings: native front; a batching actor and a replica actor)")
     s = Server(name, proc, base, oip_variants(name, title, x), oip_stats(base), log,
                ready_url=f"{base}/v2/models/mlp/ready")
     wait_ready(s, 300)
@@ -377,7 +377,7 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     `triton_args`: more `tritonserver` options (e.g. `--http-thread-count=4`)."""
     return {
         "raybatch": [start_raybatch],
-        "raybatch.actors": [lambda x, p, t, e: start_raybatch(x, p, t, e, actors=True)],
+        "raybatch.inproc": [lambda x, p, t, e: start_raybatch(x, p, t, e, inproc=True)],
         "triton": [lambda x, p, t, e: start_triton(x, p, t, e, triton_args)],
         "mosec": [lambda x, p, t, e: start_mosec(x, p, t, e, True),
                   lambda x, p, t, e: start_mosec(x, p + 1, t, e, False)],
@@ -386,5 +386,5 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     }
 
 
-PORT_OFFSET = {"raybatch": 0, "raybatch.actors": 5, "triton": 10, "mosec": 20, "litserve": 30,
+PORT_OFFSET = {"raybatch": 0, "raybatch.inproc": 5, "triton": 10, "mosec": 20, "litserve": 30,
                "serve.batch": 100}
