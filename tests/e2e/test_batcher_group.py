@@ -58,3 +58,21 @@ def test_two_models_in_one_batching_actor_each_answer_and_count_their_own(app):
     assert after["pair-square"]["success"]["count"] - before["pair-square"] == 80
     assert after["pair-plus1"]["success"]["count"] - before["pair-plus1"] == 81
     assert all(a["linked_callers"] >= 1 for a in after.values()), after
+
+
+def test_a_lone_request_waits_on_no_timer_on_any_hop(app):
+    """`pair-plus1` waits up to 600 s for a fuller batch unless idle (`idle_dispatch`), and
+    its replica is an actor of its own: a lone request, from the native front through the
+    shared batching actor to the replica and back, is answered long before any hop's timer
+    could fire (the socket gives up after 60 s), in a batch sent because the model was idle,
+    on the batching actor's direct connection to its replica."""
+    port = app.config.ingress.native_port
+    before = app.stats("pair-plus1")
+    for i in range(3):  # one at a time: each alone
+        [r] = pipelined(port, "pair-plus1", [float(100 + i)])
+        assert r.status == 200 and r.json()["outputs"][0]["data"] == [101.0 + i], r.body
+    after = app.stats("pair-plus1")
+    sent = {k: v - before["by_reason"].get(k, 0) for k, v in after["by_reason"].items()}
+    assert {k: v for k, v in sent.items() if v} == {"idle": 3}, after["by_reason"]
+    [replica] = after["replica_info"]
+    assert not replica["in_process"] and replica["link_batches"] >= 1, replica
