@@ -15,8 +15,10 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
 SYSDEPS := prometheus wrk
 
+# An existing venv is kept (`python -m venv` again would only reinstall pip, 3 s, before the
+# upgrade below); the installs run again whenever a file named here changes.
 $(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/_front.c deployments/http/llhttp/llhttp.c
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"

@@ -2,7 +2,9 @@
 # The whole suite, in two lanes on two cores, each about half of it:
 #   lane 1: the integration and e2e tests that share the session's local Ray, then the
 #           notebooks (each that needs Ray starts and stops its own, once the session's
-#           is gone), then the own server's differential fuzzer against h11;
+#           is gone; those, RAY_NOTEBOOKS, run beside the others: by then the two cores
+#           are no longer both busy), then the own server's differential fuzzer against
+#           h11 (its streams cached: test_differential.py);
 #   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
 #           and differential cases; the native front's with the front built with ASan
 #           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
@@ -45,8 +47,20 @@ lane2=$!
 "$PY" -m pytest -q --durations=15 -m "not own_ray and not soak" tests/integration tests/e2e
 ray_rc=$?
 took "the session-Ray tests"
-"$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks
+# The notebooks that start a Ray run beside those that need none (their output after).
+RAY_NOTEBOOKS=(notebooks/03_serving_on_ray.ipynb)
+ray_nb_log=$(mktemp)
+trap 'rm -f "$lane2_log" "$ray_nb_log"' EXIT
+"$PY" -m pytest -q -p no:cacheprovider --nbmake "${RAY_NOTEBOOKS[@]}" >"$ray_nb_log" 2>&1 &
+ray_nb=$!
+# shellcheck disable=SC2046
+"$PY" -m pytest -q -p no:cacheprovider --nbmake notebooks \
+  $(printf -- '--ignore=%s ' "${RAY_NOTEBOOKS[@]}")
 nb_rc=$?
+wait "$ray_nb"
+ray_nb_rc=$?
+echo "---- the notebooks that start a Ray (${RAY_NOTEBOOKS[*]}), beside the above ----"
+cat "$ray_nb_log"
 took "the notebooks"
 "$PY" -m pytest -q -p no:cacheprovider "$H11_FUZZ"
 fuzz_rc=$?
@@ -56,4 +70,5 @@ lane2_rc=$?
 echo "---- lane 2 (ran beside the above): tests/unit, then the own-Ray tests ----"
 cat "$lane2_log"
 echo "---- the suite took $(( $(date +%s) - start )) s ----"
-[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$fuzz_rc" = 0 ] && [ "$lane2_rc" = 0 ]
+[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$ray_nb_rc" = 0 ] && [ "$fuzz_rc" = 0 ] &&
+  [ "$lane2_rc" = 0 ]

@@ -59,7 +59,8 @@ def test_a_group_that_cannot_share_is_refused_saying_why(extra, why):
         config(model("m", **extra))
 
 
-def test_each_model_of_a_shared_actor_keeps_its_own_engine():
+def test_each_model_of_a_shared_actor_keeps_its_own_engine(monkeypatch):
+    monkeypatch.setenv("RAYBATCH_FREEZE_HEAP", "0")  # an actor freezes its heap: not this one
     cfg = config(model("sq", **GROUPED), model("plus1", "tests.models:FailNegative", **GROUPED))
     first, second = (m.model_dump_json() for m in cfg.models)
 
@@ -76,6 +77,11 @@ def test_each_model_of_a_shared_actor_keeps_its_own_engine():
         assert await actor.cancel("caller-b", [7], "plus1") == 0  # nothing open: none found
         drained = await actor.detach("ingress-0", 1.0)
         late = await actor.infer([(4, x, None, None)], "caller-a", None, "plus1")
+        for engine in actor.engines.values():  # nothing of this actor outlives the test
+            engine.pool._task.cancel()
+            for client in engine.host.replicas:
+                client.stop()
+                client._thread.shutdown(wait=True)
         return sq, plus1, default, stats, drained, late
 
     sq, plus1, default, stats, drained, late = asyncio.run(asyncio.wait_for(main(), 60))

@@ -15,6 +15,15 @@ RAYBATCH_FUZZ_STREAMS sets the number of streams (10,000 by default). Hypothesis
 in examples of `BATCH`, each stream on a connection of its own, all sent before any answer
 is read (the server frames them side by side): its cost per example is shared. No shrinking
 (a batch of 25 shrinks slowly): a failure names the one stream that failed, as sent.
+
+Drawing is most of the cost (35 s of 40 for 10,000 streams), so the streams are drawn once
+and kept in the cache (`$RAYBATCH_CACHE_DIR`, else `$XDG_CACHE_HOME/raybatch`, else
+`~/.cache/raybatch`) under a key of this file's bytes, Hypothesis' version, the count and
+Python's version: a change to any of them draws again, and so does a damaged or missing
+file (a checksum says). The seed fixes what Hypothesis draws for a given set of loaded
+modules (it mixes in constants of the product's modules imported when it draws), so the
+cache also keeps the streams the same from one run to the next, whatever else the run
+imported.
 """
 
 from __future__ import annotations
@@ -23,8 +32,13 @@ import hashlib
 import os
 import re
 import socket
+import struct
+import sys
+import tempfile
+from pathlib import Path
 
 import h11
+import hypothesis
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -204,13 +218,117 @@ def test_the_reference_frames_what_it_should():
 
 
 BATCH = 25  # streams per example, sent on as many connections at once
+SEED = 20_261_126  # the same streams every run, whatever else in this file changes
 
 
-@seed(20_261_126)  # the same streams every run, whatever else in this file changes
-@settings(max_examples=max(1, STREAMS // BATCH), deadline=None, database=None,
-          suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-@given(batch=st.lists(stream(), min_size=BATCH, max_size=BATCH))
-def test_the_server_frames_as_h11_does_or_is_stricter(echo_server, batch):
+def draw_batches() -> list[list[bytes]]:
+    """What Hypothesis draws (seed SEED, generation only, `STREAMS // BATCH` examples of
+    `BATCH` streams): each example's batch, in order."""
+    batches: list[list[bytes]] = []
+
+    @seed(SEED)
+    @settings(max_examples=max(1, STREAMS // BATCH), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @given(batch=st.lists(stream(), min_size=BATCH, max_size=BATCH))
+    def draw(batch: list[bytes]) -> None:
+        batches.append(batch)
+
+    draw()
+    return batches
+
+
+CACHE_MAGIC = b"raybatch h11 differential streams 1\n"
+
+
+def _cache_path() -> Path:
+    explicit = os.environ.get("RAYBATCH_CACHE_DIR")
+    base = Path(explicit) if explicit else Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raybatch"
+    key = hashlib.sha256(b"\0".join([
+        Path(__file__).read_bytes(), hypothesis.__version__.encode(),
+        b"%d %d %d" % (STREAMS, BATCH, SEED), b"%d.%d" % sys.version_info[:2]])).hexdigest()
+    return base / f"h11-differential-{key[:24]}.bin"
+
+
+def _encode(batches: list[list[bytes]]) -> bytes:
+    parts = [struct.pack("<I", len(batches))]
+    for batch in batches:
+        parts.append(struct.pack("<I", len(batch)))
+        for data in batch:
+            parts += [struct.pack("<I", len(data)), data]
+    body = b"".join(parts)
+    return CACHE_MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _decode(blob: bytes) -> list[list[bytes]]:
+    """The batches `_encode` wrote; ValueError if `blob` is not such a file, whole."""
+    head = len(CACHE_MAGIC)
+    body = blob[head + 32:]
+    if blob[:head] != CACHE_MAGIC or hashlib.sha256(body).digest() != blob[head:head + 32]:
+        raise ValueError("not a whole cache file")
+    pos, batches = 4, []
+    for _ in range(struct.unpack_from("<I", body)[0]):
+        (n,), pos = struct.unpack_from("<I", body, pos), pos + 4
+        batch = []
+        for _ in range(n):
+            (size,), pos = struct.unpack_from("<I", body, pos), pos + 4
+            batch.append(body[pos:pos + size])
+            pos += size
+        batches.append(batch)
+    if pos != len(body):
+        raise ValueError("trailing bytes")
+    return batches
+
+
+def drawn_batches() -> list[list[bytes]]:
+    """`draw_batches()`, from the cache when it holds them for this file (else drawn, and
+    stored for the next run: written to a temporary name, then renamed)."""
+    path = _cache_path()
+    try:
+        return _decode(path.read_bytes())
+    except (OSError, ValueError, struct.error):
+        pass  # not cached yet (or damaged): draw
+    batches = draw_batches()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encode(batches))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide it from other users of the dir
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: drawn each run, as before
+    return batches
+
+
+def test_the_stream_cache_gives_back_what_was_drawn(tmp_path, monkeypatch):
+    """The cache's format round-trips, a damaged file is drawn again, and what comes back is
+    what Hypothesis draws for the seed (a few examples' worth)."""
+    monkeypatch.setattr(sys.modules[__name__], "STREAMS", 3 * BATCH)
+    monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(tmp_path))
+    drawn = draw_batches()
+    assert len(drawn) == 3 and all(len(b) == BATCH for b in drawn)
+    assert drawn_batches() == drawn  # drawn and stored
+    assert drawn_batches() == drawn  # read back
+    (path,) = tmp_path.iterdir()
+    blob = path.read_bytes()
+    assert _decode(blob) == drawn
+    path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))  # damaged: drawn again, rewritten
+    assert drawn_batches() == drawn and path.read_bytes() == blob
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[list[bytes]]:
+    return drawn_batches()
+
+
+def test_the_server_frames_as_h11_does_or_is_stricter(echo_server, batches):
+    assert sum(map(len, batches)) == max(1, STREAMS // BATCH) * BATCH
+    for batch in batches:
+        frame_batch(echo_server, batch)
+
+
+def frame_batch(echo_server, batch: list[bytes]) -> None:
     socks = [socket.create_connection(("127.0.0.1", echo_server.port), timeout=8)
              for _ in batch]
     try:

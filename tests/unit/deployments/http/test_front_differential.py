@@ -17,6 +17,7 @@ RAYBATCH_FRONT_FUZZ_STREAMS sets the number of streams (20,000 by default).
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import random
@@ -37,7 +38,9 @@ pytestmark = pytest.mark.skipif(not available(), reason="the native front is not
 
 STREAMS = int(os.environ.get("RAYBATCH_FRONT_FUZZ_STREAMS", "20000"))
 SEED = 20_261_128
-BATCH = 200  # streams on as many connections at once
+WINDOW = 200  # streams in flight at once, each on a connection of its own
+GAP_S = 0.005  # between a stream's pieces
+HANG_S = 30.0  # a connection still open this long after its last piece fails the test
 SQUARE = b"/v2/models/square/infer"
 
 
@@ -174,54 +177,78 @@ def stream(rng: random.Random) -> list[bytes]:
 
 
 def answers(port: int, streams: list[list[bytes]]) -> list[tuple]:
-    """Each stream on its own connection, all of a batch at once: piece by piece (a short
-    pause between rounds, so pieces arrive apart), then a half-close; read until each
-    connection closes. Per stream: (status, body) of each answer, and what was left over."""
-    out = []
-    for start in range(0, len(streams), BATCH):
-        batch = streams[start:start + BATCH]
-        socks = []
-        for _ in batch:
-            sock = socket.create_connection(("127.0.0.1", port))
+    """Each stream on its own connection, `WINDOW` of them in flight (the next opens as
+    soon as one closes, so a stream the server closes late holds up no others): piece by
+    piece, each piece `GAP_S` after the last so they arrive apart, then a half-close;
+    read until the server closes. Per stream: (status, body) of each answer, and what was
+    left over."""
+    out: list[tuple | None] = [None] * len(streams)
+    sel = selectors.DefaultSelector()
+    due: list[tuple[float, int]] = []  # (when, stream): its next piece or its half-close
+    sent = [0] * len(streams)  # pieces of each stream sent (one more: half-closed)
+    socks: dict[int, socket.socket] = {}
+    got: dict[int, bytes] = {}
+    hang: dict[int, float] = {}  # stream -> when it is given up on (its last send + HANG_S)
+    todo = iter(range(len(streams)))
+
+    def advance(i: int) -> None:
+        pieces = streams[i]
+        try:
+            if sent[i] < len(pieces):
+                socks[i].sendall(pieces[sent[i]])
+            else:
+                socks[i].shutdown(socket.SHUT_WR)
+        except TimeoutError:
+            pytest.fail(f"the server read nothing of stream {i} for {HANG_S} s: {pieces}")
+        except OSError:
+            pass  # refused and closed: the answer is still read
+        sent[i] += 1
+        now = time.monotonic()
+        if sent[i] <= len(pieces):
+            heapq.heappush(due, (now + GAP_S, i))
+        hang[i] = now + HANG_S
+
+    def finish(i: int) -> None:
+        sock = socks.pop(i)
+        sel.unregister(sock)
+        sock.close()
+        del hang[i]
+        responses, rest = parse_responses(got.pop(i))
+        # a 100 Continue goes out only if the body has not come when the app asks for
+        # it: when the pieces arrive decides, for either server
+        out[i] = ([(r.status, r.body) for r in responses if r.status >= 200], rest)
+
+    checked = time.monotonic()
+    while True:
+        while len(socks) < WINDOW and (i := next(todo, None)) is not None:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=HANG_S)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            socks.append(sock)
-        for round_ in range(max(map(len, batch))):
-            for sock, pieces in zip(socks, batch):
-                if round_ < len(pieces):
-                    try:
-                        sock.sendall(pieces[round_])
-                    except OSError:
-                        pass  # refused and closed: the answer is still read
-            time.sleep(0.005)
-        for sock in socks:
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        got = [b""] * len(batch)
-        sel = selectors.DefaultSelector()
-        for i, sock in enumerate(socks):
-            sock.setblocking(False)
+            socks[i], got[i] = sock, b""
             sel.register(sock, selectors.EVENT_READ, i)
-        give_up = time.monotonic() + 30
-        while sel.get_map() and time.monotonic() < give_up:
-            for key, _ in sel.select(1.0):
-                try:
-                    chunk = key.fileobj.recv(65536)
-                except ConnectionResetError:
-                    chunk = b""
-                if chunk:
-                    got[key.data] += chunk
-                else:
-                    sel.unregister(key.fileobj)
-        assert not sel.get_map(), f"{len(sel.get_map())} connections never closed"
-        for sock, data in zip(socks, got):
-            sock.close()
-            responses, rest = parse_responses(data)
-            # a 100 Continue goes out only if the body has not come when the app asks for
-            # it: when the pieces arrive decides, for either server
-            out.append(([(r.status, r.body) for r in responses if r.status >= 200], rest))
-    return out
+            advance(i)
+        if not socks:
+            assert None not in out, "a stream was never answered"
+            return out
+        wait = min(1.0, max(0.0, due[0][0] - time.monotonic())) if due else 1.0
+        for key, _ in sel.select(wait):
+            try:
+                chunk = key.fileobj.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
+            if chunk:
+                got[key.data] += chunk
+            else:  # the server closed: all it will answer has come
+                finish(key.data)
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            i = heapq.heappop(due)[1]
+            if i in socks:
+                advance(i)
+        if now - checked > 1.0:
+            checked = now
+            late = sorted(i for i, give_up in hang.items() if now > give_up)
+            assert not late, f"{len(late)} connections never closed (streams {late[:10]}): " \
+                             f"{[streams[i] for i in late[:3]]}"
 
 
 def _served(front: bool, streams: list[list[bytes]]) -> tuple[list[tuple], dict]:
