@@ -63,8 +63,13 @@ class IngressDrain:
         if self._heartbeat is None:
             self._heartbeat = detached_task(self._beat())
 
+    def _each_actor(self) -> list[Any]:
+        """Every batching actor once: models of one `batcher.group` share theirs, and a
+        second detach would drain it again."""
+        return list({getattr(a, "_actor_id", id(a)): a for a in self._actors()}.values())
+
     async def _attach_all(self) -> None:
-        calls = [a.attach.remote(self.replica_id, self._replica) for a in self._actors()]
+        calls = [a.attach.remote(self.replica_id, self._replica) for a in self._each_actor()]
         for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, Exception):
                 log.warning("attaching to a batching actor failed: %r", result)
@@ -93,7 +98,7 @@ class IngressDrain:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         try:
-            actors = self._actors()
+            actors = self._each_actor()
         except Exception as e:  # the actors are gone already: nothing left to drain
             log.warning("no batching actor to drain: %r", e)
             return

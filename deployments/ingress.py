@@ -190,7 +190,7 @@ class Ingress(GrpcIngress):
             lambda m: backend.raw_stats(m.config.name), self.config.ingress.max_body_bytes,
             self.config.ingress.server_name, self.extensions)
         backend.drain = self.drain = IngressDrain(
-            lambda: _each_once([a for m in backend.by_name.values() for a in m.actors()]),
+            lambda: [a for m in backend.by_name.values() for a in m.actors()],
             self.config.ingress.drain_timeout_s, _this_actor())
         await backend.wait_ready()
         await self.drain.attach()
@@ -306,8 +306,3 @@ class Ingress(GrpcIngress):
         """HTTP responses this replica sent, by (route template, status), on both the
         fast path and Serve's: what the metrics read."""
         return {} if self.http is None else self.http.response_counts()
-
-
-def _each_once(actors: list[Any]) -> list[Any]:
-    """Each batching actor once (models of one `batcher.group` share theirs)."""
-    return list({getattr(a, "_actor_id", id(a)): a for a in actors}.values())

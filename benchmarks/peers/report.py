@@ -62,6 +62,10 @@ def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
         out.append({"target": name, "value": value, "bound": bound,
                     "met": None if value is None else value >= bound})
 
+    def at_most(name: str, value: float | None, bound: float) -> None:
+        out.append({"target": name, "value": value, "bound": bound,
+                    "met": None if value is None else value <= bound})
+
     at_least("Raybatch OIP binary ÷ Triton OIP binary (req/s, C=128) >= 1.0",
              ratio(rps(rb_bin), rps(tr_bin)), 1.0)
     at_least("Raybatch OIP binary ÷ mosec msgpack (req/s, C=128) >= 0.8",
@@ -72,10 +76,8 @@ def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
              ratio(rps(rb_bin), rps(sb)), 3.0)
     for peer, label in ((tr_bin, "Triton OIP binary"), (mo_bin, "mosec msgpack")):
         ours, theirs = p50_c1(rb_bin), p50_c1(peer)
-        out.append({"target": f"Raybatch OIP binary C=1 p50 <= {label}'s",
-                    "value": None if ours is None or theirs is None else ours - theirs,
-                    "bound": 0.0,
-                    "met": None if ours is None or theirs is None else ours <= theirs})
+        at_most(f"Raybatch OIP binary C=1 p50 <= {label}'s",
+                None if ours is None or theirs is None else ours - theirs, 0.0)
     # the shipped shape (a batching actor and a replica actor) against the in-process one
     inproc = find(rows, "raybatch.inproc", "binary")
     at_least("actor shape ÷ in-process shape, OIP binary (req/s, C=128) >= 0.9",
@@ -85,12 +87,9 @@ def targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
     at_least("actor shape OIP JSON ÷ Triton OIP JSON (req/s, C=128) >= 1.5",
              ratio(rps(rb_json), rps(tr_json)), 1.5)
     lone = p50_c1(rb_bin)
-    out.append({"target": "actor shape OIP binary C=1 p50 <= 1.0 ms", "value": lone,
-                "bound": 1.0, "met": None if lone is None else lone <= 1.0})
-    at_most = ratio(lone, p50_c1(inproc))
-    out.append({"target": "actor shape ÷ in-process shape, OIP binary C=1 p50 <= 1.25",
-                "value": at_most, "bound": 1.25,
-                "met": None if at_most is None else at_most <= 1.25})
+    at_most("actor shape OIP binary C=1 p50 <= 1.0 ms", lone, 1.0)
+    at_most("actor shape ÷ in-process shape, OIP binary C=1 p50 <= 1.25",
+            ratio(lone, p50_c1(inproc)), 1.25)
     return out
 
 

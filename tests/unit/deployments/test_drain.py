@@ -91,6 +91,25 @@ def test_a_draining_ingress_refuses_with_503_and_detaches_from_every_actor():
     run(main())
 
 
+def test_a_batching_actor_shared_by_a_group_of_models_is_attached_and_drained_once():
+    """Every model of a `batcher.group` names the same actor (each through a handle of its
+    own, the same actor id): it is attached once and detached once, not drained twice."""
+    async def main():
+        shared, other = FakeBatcher(), FakeBatcher()
+        twin = FakeBatcher()
+        # two handles of one actor (the same id), and another actor
+        shared._actor_id, twin._actor_id, other._actor_id = "a1", "a1", "a2"
+        twin.attach, twin.detach = shared.attach, shared.detach
+        d = IngressDrain(lambda: [shared, other, twin], timeout_s=3.0)
+        await d.attach()
+        await d.finish()
+        return d, shared, other
+
+    d, shared, other = run(main())
+    assert shared.attached == other.attached == [d.replica_id]
+    assert shared.detached == other.detached == [(d.replica_id, 3.0)]
+
+
 def test_a_failed_detach_is_logged_and_the_others_still_drain(caplog):
     actors = [FakeBatcher(fail=True), FakeBatcher()]
 
