@@ -28,11 +28,13 @@ from typing import Any
 
 from batching.errors import InvalidRequest, RaybatchError, WorkerDied, portable
 from batching.iterative.host import Finished, IterativeHost
+from batching.iterative.sampling import check_sampling
 from batching.iterative.scheduler import GenerateRequest
 from batching.loop import detached, detached_task
 
 log = logging.getLogger(__name__)
-GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s")
+GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s", "temperature",
+                       "top_p", "seed")
 LEASE_S = 30.0
 POLL_WAIT_S = 5.0
 
@@ -40,7 +42,9 @@ POLL_WAIT_S = 5.0
 def generate_request(request_id: Any, prompt: Any,
                      params: dict[str, Any] | None) -> GenerateRequest:
     """A checked `GenerateRequest` from the OIP generate body's `text_input` and
-    `parameters` (`timeout` in microseconds, as for infer; `timeout_s` from Python)."""
+    `parameters` (`timeout` in microseconds, as for infer; `timeout_s` from Python;
+    `temperature` 0..2, 0 greedy, `top_p` in (0, 1] and `seed` as OpenAI's, checked by
+    `batching.iterative.sampling.check_sampling`)."""
     if not isinstance(prompt, str):
         raise InvalidRequest(f"'text_input' must be a string, got {type(prompt).__name__}")
     params = params or {}
@@ -48,8 +52,8 @@ def generate_request(request_id: Any, prompt: Any,
         raise InvalidRequest(f"'parameters' must be an object, got {params!r}")
     unknown = sorted(set(params) - set(GENERATE_PARAMETERS))
     if unknown:
-        raise InvalidRequest(f"unknown generate parameter(s) {unknown}: this model decodes "
-                             f"greedily and takes {list(GENERATE_PARAMETERS)}")
+        raise InvalidRequest(f"unknown generate parameter(s) {unknown}: generate takes "
+                             f"{list(GENERATE_PARAMETERS)}")
     max_tokens = params.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise InvalidRequest(f"parameter 'max_tokens' must be an integer, got {max_tokens!r}")
@@ -70,8 +74,10 @@ def generate_request(request_id: Any, prompt: Any,
             raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer in "
                                  f"microseconds, got {us!r}")
         timeout_s = us / 1e6 if us else None
+    temperature, top_p, seed = check_sampling(params.get("temperature"), params.get("top_p"),
+                                              params.get("seed"))
     return GenerateRequest(request_id, prompt, max_tokens, tuple(stop), priority or None,
-                           timeout_s)
+                           timeout_s, temperature=temperature, top_p=top_p, seed=seed)
 
 
 def event_json(event: Any) -> dict[str, Any]:

@@ -6,8 +6,10 @@ leave at step boundaries.
     policy.py      IterativePolicy: max_active, the token budget per step, limits
     scheduler.py   IterativeScheduler: who joins, who leaves, each step (handed `now`);
                    a lockstep mode as the @serve.batch baseline
-    generative.py  StepModel (the model interface: prefill / step / encode / decode) and
-                   Generator (the replica side: per-sequence state, stop strings, eos)
+    generative.py  StepModel (the model interface: prefill / step / encode / decode, and
+                   step_logits to sample) and Generator (the replica side: per-sequence
+                   state, stop strings, eos)
+    sampling.py    temperature / top_p / seed: the checks, one RNG per sequence, the draw
     host.py        IterativeHost: the asyncio loop, streaming each step's tokens
     meter.py       StepMeter: what the host measures of its steps, for metrics
 """

@@ -5,9 +5,18 @@ state (the KV cache of all but its last token, with that token pending),
 `step(states)` computes the greedy next token of every state at once and feeds
 it in. The `Generator` keeps the per-sequence states of one replica between
 steps, and turns tokens into text: each `step(join, leave)` frees `leave`,
-prefills `join`, runs ONE `model.step` over every live sequence (a joining one
+prefills `join`, runs ONE model step over every live sequence (a joining one
 gets its first token in the step it joins) and answers one `StepOutput` per
 live sequence.
+
+Sampling (temperature > 0): a model that can sample also has
+`step_logits(states, choose)`, the same step with the next tokens picked by
+`choose(logits)` (`sampling.Chooser`: argmax for greedy rows, a draw of the
+sequence's own RNG for sampled ones). The Generator calls it only for a step
+where some live sequence samples, so greedy-only steps keep the plain `step`.
+One sequence fails alone (a `StepOutput` with `finished="error"` and `error`;
+the others go on) when it asks a model without `step_logits` to sample
+(InvalidRequest), or when its logits hold no distribution (ModelError).
 
 Where a sequence ends, in this order: the eos token ("eos", never shown); a
 stop string appearing in the text ("stop", the text is cut before it); its
@@ -23,11 +32,12 @@ character.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batching.errors import BatchSizeMismatch
+from batching.errors import BatchSizeMismatch, InvalidRequest, ModelError
+from batching.iterative.sampling import Chooser, SeqSampler
 from batching.iterative.scheduler import Join, StepOutput
 from batching.types import RequestId
 
@@ -74,12 +84,21 @@ class StepModel:
         passed are consumed (they may be updated in place)."""
         raise NotImplementedError(f"{type(self).__name__} must implement step(states)")
 
+    def step_logits(self, states: list[Any],
+                    choose: Callable[[Any], list[int]]) -> tuple[list[int], list[Any]]:
+        """Optional (a model without it decodes greedily only): `step`, but the next
+        tokens are `choose(logits)`, `logits` [len(states), vocabulary] (numpy or torch,
+        row i for states[i]); returns those tokens and the states with them fed in."""
+        raise NotImplementedError(f"{type(self).__name__} has no step_logits: it cannot "
+                                  "sample")
+
 
 @dataclass(slots=True, eq=False)
 class _Live:
     join: Join
     state: Any
     length: int  # tokens the sequence holds: prompt + generated
+    sampler: SeqSampler | None = None  # None: greedy
     tokens: list[int] = field(default_factory=list)  # generated, eos excluded
     text: str = ""  # decode(tokens[:read])
     sent: int = 0  # characters of `text` already answered
@@ -102,6 +121,7 @@ class Generator:
 
     def __init__(self, model: StepModel) -> None:
         self.model = model
+        self.can_sample = type(model).step_logits is not StepModel.step_logits
         self._seqs: dict[RequestId, _Live] = {}  # join order = output order
 
     @property
@@ -135,18 +155,31 @@ class Generator:
             ids = self.model.encode(j.prompt)
             if not ids or (ctx is not None and len(ids) >= ctx):
                 done.append(StepOutput(j.id, "", "length", 0))  # no room for one token
+            elif j.temperature > 0 and not self.can_sample:
+                done.append(StepOutput(j.id, "", "error", 0, InvalidRequest(
+                    f"{type(self.model).__name__} decodes greedily only (it has no "
+                    f"step_logits), so it cannot sample with temperature={j.temperature}: "
+                    "send temperature 0 or leave it out")))
             else:
                 fit.append((j, ids))
         if fit:
             states = self.model.prefill([ids for _, ids in fit])
             _check_count("prefill", len(fit), len(states))
             for (j, ids), state in zip(fit, states):
-                self._seqs[j.id] = _Live(j, state, len(ids))
+                sampler = SeqSampler.of(j.temperature, j.top_p, j.seed)
+                self._seqs[j.id] = _Live(j, state, len(ids), sampler)
         return done
 
     def _advance(self) -> list[StepOutput]:
         live = list(self._seqs.values())
-        tokens, states = self.model.step([s.state for s in live])
+        samplers = [s.sampler for s in live]
+        bad: Sequence[int] = ()
+        if any(samplers):
+            choose = Chooser(samplers)
+            tokens, states = self.model.step_logits([s.state for s in live], choose)
+            bad = choose.bad
+        else:  # greedy only: the plain step, no logits leave the model
+            tokens, states = self.model.step([s.state for s in live])
         _check_count("step", len(live), len(tokens), len(states))
         outputs = []
         for s, token, state in zip(live, tokens, states):
@@ -155,7 +188,16 @@ class Generator:
             if out.finished is not None:
                 del self._seqs[s.join.id]
             outputs.append(out)
+        for i in bad:  # after _emit: an error replaces whatever it answered
+            outputs[i] = self._fail(live[i], ModelError(
+                f"{type(self.model).__name__} gave logits holding no distribution (NaN, "
+                f"+inf, or all -inf) to sample request {live[i].join.id!r} from: the "
+                "model is at fault"))
         return outputs
+
+    def _fail(self, s: _Live, error: BaseException) -> StepOutput:
+        self._seqs.pop(s.join.id, None)
+        return StepOutput(s.join.id, "", "error", 1, error)
 
     def _emit(self, s: _Live, token: int) -> StepOutput:
         """Apply one new token to `s`: what text it releases, and whether `s` ends."""

@@ -4,7 +4,8 @@ Each replica is a `StepReplicaClient` (`async step(join, leave) -> (outputs,
 compute_s)`), a Ray actor wrapping a `Generator` or a `LocalStepClient` in
 process. The host alone reads the clock, arms the one timer at the scheduler's
 `deadline()`, and turns step outputs into per-request streams of `TokenEvent`s
-ending with `Finished` (or the request's error).
+ending with `Finished` (or the request's error: a sequence the replica failed
+alone, `StepOutput.error`, ends with that error and the others go on).
 
 One step in flight per replica (a step needs the previous one's output); steps
 of different replicas run concurrently. Every event-loop tick runs the pump
@@ -12,7 +13,8 @@ once: whatever was submitted, cancelled or completed in that tick is scheduled
 together, at no added wait. A replica that dies (`ReplicaDied`) is removed: its
 sequences that streamed text fail with `WorkerDied` (nothing partial is
 retried); one that streamed nothing yet is requeued once, at the head of its
-level, since its caller cannot tell (greedy decoding gives the same text).
+level, since its caller cannot tell (greedy or seeded decoding gives the same text;
+an unseeded sampled one draws afresh, which nobody saw).
 A request ends exactly once: `_open` is popped before its end is delivered.
 Metrics: a `StepMeter` hands the `recorder` one value per step; `snapshot()`.
 """
@@ -356,6 +358,9 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         for out in outputs:
             g = self._open.get(out.id)
             if g is None:
+                continue
+            if out.error is not None:  # this sequence alone failed (it carries no text)
+                self._end(out.id, out.error)
                 continue
             g.num_tokens += out.tokens
             if out.text:

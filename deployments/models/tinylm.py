@@ -2,9 +2,10 @@
 
 Built in code with a fixed seed (nothing downloaded): 2 layers, d_model 64,
 4 heads, a context of 256 characters, float64 so that a batched step and a
-step of one sequence pick the same greedy token (float32 rounding differs with
-the batch's shape and can flip a near-tie). Vocabulary: printable ASCII, newline
-and EOS; any other character is read as "?", so `count_tokens` is `len`.
+step of one sequence pick the same greedy token, and the same sampled one for
+the same draw (float32 rounding differs with the batch's shape and can flip a
+near-tie). Vocabulary: printable ASCII, newline and EOS; any other character is
+read as "?", so `count_tokens` is `len`.
 
 A sequence's state (`_State`) is its KV cache, the tokens consumed and the
 pending token not yet fed. The caches live in one pool per model, a tensor with
@@ -27,7 +28,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +232,13 @@ def _train(net: Any, heads: int, seed: int, train_s: float, train_steps: int | N
     return steps
 
 
+def _argmax(logits: Any) -> list[int]:
+    return logits.argmax(dim=-1).tolist()
+
+
 class TinyLM(StepModel):
-    """Greedy character-level generation with a small transformer decoder.
+    """Character-level generation with a small transformer decoder: greedy (`step`), or
+    sampled (`step_logits`, the same forward pass).
 
     >>> m = TinyLM(); m.setup("cpu")
     >>> m.decode(m.encode("Hi\\tthere"))
@@ -339,6 +345,29 @@ class TinyLM(StepModel):
 
     def step(self, states: list[_State]) -> tuple[list[int], list[_State]]:
         """Feed every pending token at its own position; the greedy next token of each."""
+        return self._advance(states, _argmax)
+
+    def step_logits(self, states: list[_State],
+                    choose: Callable[[Any], list[int]]) -> tuple[list[int], list[_State]]:
+        """`step`, the next tokens picked by `choose(logits)` (a float64 tensor
+        [len(states), VOCAB], row i for states[i]) instead of argmax."""
+        return self._advance(states, choose)
+
+    def _advance(self, states: list[_State],
+                 choose: Callable[[Any], list[int]]) -> tuple[list[int], list[_State]]:
+        import torch
+
+        with torch.inference_mode():
+            tokens = choose(self._logits(states))
+        if len(tokens) != len(states):
+            raise ValueError(f"choose answered {len(tokens)} tokens for {len(states)} states")
+        for s, token in zip(states, tokens):
+            s.length, s.pending = s.length + 1, token
+        return tokens, states
+
+    def _logits(self, states: list[_State]) -> Any:
+        """Feed every pending token at its own position (the caches grow by one); the
+        next-token logits [len(states), VOCAB], in `states` order."""
         import torch
 
         pool, dev = self._pool, self.device
@@ -366,11 +395,10 @@ class TinyLM(StepModel):
                 a = _attend(q[:, :, None], kv[0, layer], kv[1, layer], allowed)
                 x = x + blk["proj"](a.reshape(b, d))
                 x = x + _mlp(blk, x)
-            next_tokens = net["head"](net["ln_f"](x)).argmax(dim=-1).tolist()
-        tokens = [0] * b
-        for i, s, token in zip(order, batch, next_tokens):
-            s.length, s.pending, tokens[i] = s.length + 1, token, token
-        return tokens, states
+            logits = net["head"](net["ln_f"](x))  # in row order
+            if order != list(range(b)):  # back to the order of `states`
+                logits = logits[torch.tensor(order, device=dev).argsort()]
+        return logits
 
     def reference(self, ids: list[int], num_tokens: int) -> list[int]:
         """Greedy continuation of `ids` recomputing the whole sequence every token (no

@@ -103,7 +103,8 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(app, front_
 
 @pytest.mark.parametrize("body, status, words", [
     ({"parameters": {"max_tokens": 3}}, 400, "text_input"),
-    ({"text_input": "a", "parameters": {"temperature": 0.7}}, 400, "temperature"),
+    ({"text_input": "a", "parameters": {"temperature": 2.5}}, 400, "temperature"),
+    ({"text_input": "a", "parameters": {"seed": -1}}, 400, "seed"),
     ({"text_input": "a", "parameters": {"max_tokens": 0}}, 400, "max_tokens"),
     ({"text_input": "a", "parameters": {"max_tokens": 10**6}}, 400, "max_tokens"),
     ({"text_input": "", "parameters": {}}, 400, "prompt"),

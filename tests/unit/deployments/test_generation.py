@@ -122,7 +122,7 @@ def test_bad_parameters_fail_before_any_call():
     async def main():
         _host, actor, mux = await _setup()
         with pytest.raises(InvalidRequest, match="temperature"):
-            await collect(mux.stream("a", {"temperature": 0.5}))
+            await collect(mux.stream("a", {"temperature": 2.5}))
         return actor.calls
 
     assert run(main()) == {}

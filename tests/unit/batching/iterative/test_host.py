@@ -282,6 +282,27 @@ def test_a_model_error_fails_only_its_steps_sequences_and_keeps_the_replica():
     run(main())
 
 
+def test_a_sequence_the_replica_fails_alone_raises_its_error_and_its_step_mates_go_on():
+    async def main():  # Spell has no step_logits: it cannot sample
+        r = FakeStepReplica("r")
+        host, _ = make_host(r)
+        a = host.submit(GenerateRequest("a", "ab"))
+        s = host.submit(GenerateRequest("s", "xyz", temperature=0.8, seed=1))
+        await spin()
+        r.run()
+        await spin()
+        with pytest.raises(InvalidRequest, match=r"Spell decodes greedily only .*temperature 0"):
+            await s.result()
+        assert r.pending() == [([], [])]  # dropped by the replica: no leave for it
+        while r.pending():
+            r.run()
+            await spin()
+        assert (await a.result()).text == "AB"
+        st = host.stats()
+        assert (st["failed"], st["completed"], st["active"], r.gen.live) == (1, 1, 0, 0)
+    run(main())
+
+
 def test_a_request_whose_join_deadline_passes_fails_with_deadline_exceeded():
     async def main():
         clock, r = Clock(), FakeStepReplica("r")

@@ -1,6 +1,6 @@
 """TinyLM: setup without training, its vocabulary, the KV cache against full
 recomputation, batched steps against single ones token for token, the context limit,
-seeds, and training."""
+seeds, training, and sampling (step_logits: the same tokens in any batch)."""
 
 from __future__ import annotations
 
@@ -173,6 +173,48 @@ def test_an_unwritable_cache_still_gives_trained_weights(tmp_path, monkeypatch):
     assert m.trained_steps == 1 and not m.weights_cached
 
 
+def run_joins(model, schedule) -> dict:
+    """schedule[i]: the joins of step i; then steps until every sequence ends."""
+    gen, texts, i = Generator(model), {}, 0
+    while i < len(schedule) or gen.live:
+        for o in gen.step(schedule[i] if i < len(schedule) else [], []):
+            texts[o.id] = texts.get(o.id, "") + o.text
+        i += 1
+    return texts
+
+
+def test_a_seeded_sample_is_the_same_alone_and_in_any_batch_and_row(model):
+    x = Join("x", "Once upon a time", 40, (), 1.2, 0.9, 1234)
+    alone = run_joins(model, [[x]])["x"]
+    others = [Join(i, p, 5 + 7 * i, (), 0.8 * (i % 2), 0.95, i) for i, p in enumerate(PROMPTS)]
+    for schedule in ([[x, *others]], [[*others[::-1], x]], [others[:3], [], [x], others[3:]]):
+        got = run_joins(model, schedule)  # rows move as the short ones leave
+        assert got["x"] == alone
+        assert got[0] == generate(model, PROMPTS[:1], 5, batch=1)[0]  # a greedy mate
+    assert model.live == 0
+    assert run_joins(model, [[Join("x", "Once upon a time", 40, (), 1.2, 0.9, 4321)]])[
+        "x"] != alone
+
+
+def test_temperature_zero_or_a_tiny_top_p_is_greedy_and_step_logits_shares_step(model):
+    greedy = generate(model, PROMPTS[:3], 25, batch=3)
+    for t, p in ((0.0, 0.5), (0.7, 1e-9)):
+        got = run_joins(model, [[Join(i, PROMPTS[i], 25, (), t, p, 9) for i in range(3)]])
+        assert [got[i] for i in range(3)] == greedy
+    a, b = model.prefill([model.encode("The river")]), model.prefill([model.encode("The river")])
+    seen = []
+
+    def argmax(logits):
+        seen.append((tuple(logits.shape), logits.dtype))
+        return logits.argmax(dim=-1).tolist()
+
+    for _ in range(5):
+        (ta, *_), a = model.step(a)
+        (tb, *_), b = model.step_logits(b, argmax)
+        assert ta == tb
+    assert seen[0][0] == (1, VOCAB) and str(seen[0][1]) == "torch.float64"
+
+
 @pytest.mark.gpu
 def test_setup_on_cuda_generates_the_same_text():
     torch = pytest.importorskip("torch")
@@ -183,3 +225,7 @@ def test_setup_on_cuda_generates_the_same_text():
     cpu = TinyLM()
     cpu.setup("cpu")
     assert generate(gpu, PROMPTS, 30, batch=4) == generate(cpu, PROMPTS, 30, batch=1)
+    x = Join("x", "Once upon a time", 40, (), 1.2, 0.9, 1234)  # torch logits on the GPU
+    mates = [Join(i, p, 30, (), 0.8 * (i % 2), 0.95, i) for i, p in enumerate(PROMPTS)]
+    on_gpu = run_joins(gpu, [mates[:2], [x], mates[2:]])
+    assert on_gpu == run_joins(cpu, [[x, *mates]])  # float64: the same draws pick the same
