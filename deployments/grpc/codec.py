@@ -47,11 +47,7 @@ def read_infer_request(request: Any, inputs: Mapping[str, TensorConfig], model: 
     if not request.inputs:
         raise InvalidRequest(f"the request has no inputs; model {model!r} takes "
                              f"{list(inputs)}")
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for "
-                             f"{len(request.inputs)} inputs: give every input its raw "
-                             "contents, in input order, or use typed contents for all")
+    raw = raw_contents(request)
     arrays: dict[str, np.ndarray] = {}
     total = 0
     for i, tensor in enumerate(request.inputs):
@@ -65,18 +61,36 @@ def read_infer_request(request: Any, inputs: Mapping[str, TensorConfig], model: 
         if datatype != declared.datatype:
             raise InvalidRequest(wrong_datatype(tensor.name, datatype, model,
                                                 declared.datatype))
-        shape = _shape(tensor.shape, where)
+        shape = input_shape(tensor.shape, where)
         total += num_elements(shape) * max(NUMPY_DTYPES[datatype].itemsize, 1)
         if total > max_bytes:
             raise PayloadTooLarge(f"the inputs hold more than {max_bytes} bytes, this "
                                   "server's limit; send fewer items per request")
-        arrays[tensor.name] = (decode_binary(memoryview(raw[i]), datatype, shape, where)
-                               if raw else _typed(tensor, datatype, shape, where))
+        arrays[tensor.name] = decode_input(tensor, datatype, shape, raw[i] if raw else None,
+                                           where)
     return InferRequest(request.id or None, arrays, read_parameters(request.parameters),
                         _outputs(request.outputs), None)
 
 
-def _shape(shape: Any, where: str) -> list[int]:
+def raw_contents(request: Any) -> list[bytes]:
+    """The request's `raw_input_contents` ([] when its inputs use typed contents)."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for "
+                             f"{len(request.inputs)} inputs: give every input its raw "
+                             "contents, in input order, or use typed contents for all")
+    return raw
+
+
+def decode_input(tensor: Any, datatype: str, shape: list[int], raw: bytes | None,
+                 where: str) -> np.ndarray:
+    """One input's array: from its raw contents, or (`raw` None) its typed contents."""
+    if raw is not None:
+        return decode_binary(memoryview(raw), datatype, shape, where)
+    return _typed(tensor, datatype, shape, where)
+
+
+def input_shape(shape: Any, where: str) -> list[int]:
     dims = list(shape)
     if any(d < 0 for d in dims):
         raise InvalidRequest(f"{where} has shape {dims} with a negative dim; a request gives "

@@ -24,6 +24,7 @@ from batching.errors import (
 )
 from batching.model import run_batch
 from cluster.config import load_config
+from deployments.bundles import entries
 from deployments.grpc import GrpcServicer
 from deployments.models import Square, TwoTower
 from deployments.protocol.wording import unknown_model
@@ -40,6 +41,7 @@ class FakeBatcher:
         self.infer = self
 
     async def remote(self, bundle, caller=None, sent=None):
+        bundle = list(entries(bundle))  # a bundle of same-shaped requests comes Stacked
         self.bundles.append(bundle)
         if self.error is not None:
             return [(key, None, self.error) for key, *_ in bundle]
