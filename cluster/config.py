@@ -41,6 +41,7 @@ from batching.sequence.policy import SequencePolicy
 from cluster.appsettings import IngressConfig as IngressConfig
 from cluster.appsettings import MetricsConfig as MetricsConfig
 from cluster.appsettings import stateful_in_one_ingress
+from cluster.chat import ChatTemplateConfig as ChatTemplateConfig
 from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
@@ -168,6 +169,8 @@ class ModelConfig(BaseModel):
     """Batches each replica runs before it reports ready (dynamic models)."""
     limits: LimitsConfig = LimitsConfig()
     """What one model accepts before it refuses (bounded by default)."""
+    chat_template: ChatTemplateConfig = ChatTemplateConfig()
+    """Generative models: how /v1/chat/completions turns messages into the prompt."""
 
     @property
     def batch_size(self) -> int:

@@ -37,6 +37,7 @@ from deployments.http.front import available as front_available
 from deployments.http.server import HttpServer
 from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
+from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.wording import unknown_model, unknown_version
 from deployments.stats import model_counters_json
 from deployments.transit import Stamp
@@ -53,6 +54,13 @@ def model_spec(m: ModelConfig) -> ModelSpec:
         outputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.outputs],
         max_batch_size=batch_limit(m),
     )
+
+
+def model_entry(m: ModelConfig) -> ModelEntry:
+    """What the HTTP app knows of `m`."""
+    t = m.chat_template
+    return ModelEntry(m.name, m.version, model_spec(m), m.batching.kind == "iterative",
+                      ChatTemplate(t.message, t.generation_prompt, t.stop))
 
 
 def batch_limit(m: ModelConfig) -> int:
@@ -77,7 +85,7 @@ class _Model:
     def __init__(self, config: ModelConfig, default_timeout_s: float | None,
                  ingress_replicas: int, metrics: MetricsConfig) -> None:
         self.config = config
-        self.entry = ModelEntry(config.name, config.version, model_spec(config))
+        self.entry = model_entry(config)
         self.backend = make_backend(config, default_timeout_s, ingress_replicas,
                                     serve.get_deployment_actor,
                                     CallerMetrics(config) if metrics.enabled else None, metrics)

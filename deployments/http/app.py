@@ -39,6 +39,7 @@ from deployments.http.errors import (
 from deployments.http.handlers import infer as infer_handler
 from deployments.http.handlers import oip_routes
 from deployments.http.limits import HttpLimits
+from deployments.http.openai import is_openai_path, openai_routes
 from deployments.http.replies import CLOSE, Reply, json_reply, send_reply, send_stream
 from deployments.http.routes import Router
 from deployments.protocol import (
@@ -123,7 +124,7 @@ class OipApp:
         self.limits = limits or HttpLimits()
         self.request_limits = self.limits.request
         self.body_reader = BodyReader(self.limits.max_body_bytes, self.limits.body_timeout_s)
-        self.router = Router(oip_routes())
+        self.router = Router([*oip_routes(), *openai_routes()])
         self.metadata_reply = json_reply(server_metadata_json(name, version, extensions))
         self.max_inflight = self.limits.max_inflight_requests
         self.inflight = 0
@@ -177,7 +178,7 @@ class OipApp:
 
     async def _fail(self, send: Any, exc: Exception, started: bool, call: Call | None,
                     method: str, path: str) -> int:
-        status, body, headers = error_parts(exc)
+        status, body, headers = error_parts(exc, is_openai_path(path))
         log_error(exc, status, method, path)
         if started:  # the status line is gone already: nothing more to say
             return status
@@ -268,7 +269,7 @@ class OipApp:
         why = ("this replica is shutting down; retry, another replica will answer"
                if self.draining else f"this replica serves {self.inflight} requests, its "
                f"limit (ingress.max_inflight_requests); retry shortly")
-        status, body, headers = error_parts(Unavailable(why))
+        status, body, headers = error_parts(Unavailable(why), is_openai_path(scope["path"]))
         await send_reply(send, Reply(status, body, headers), True, False)
         self._count(self._template(scope), status)
 

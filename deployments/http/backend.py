@@ -16,15 +16,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from deployments.protocol import InferRequest, ModelSpec
+from deployments.protocol.openai import ChatTemplate
 
 
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
-    """A served model as the front sees it: its name, version and tensors."""
+    """A served model as the front sees it: its name, version and tensors; a generative
+    one (`generate`, the OpenAI routes) also how its chats become a prompt."""
 
     name: str
     version: str
     spec: ModelSpec
+    generative: bool = False
+    chat_template: ChatTemplate | None = None
 
 
 class Backend(Protocol):

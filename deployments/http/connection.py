@@ -125,9 +125,11 @@ class Connection:
 
     def eof_received(self) -> bool | None:
         """The client sent all it will (a close, or a half-close after its requests):
-        what it sent whole is still answered, then the connection closes; a request cut
-        short learns the client is gone (`http.disconnect`). A client that really went
-        away is noticed at the next write (an event stream's next event)."""
+        what it sent whole is still answered, then the connection closes. Every request
+        learns the client is gone (`http.disconnect`) once its body is read, as nginx and
+        uvicorn take an end of input: what waits on it (a generation, an event stream)
+        ends instead of running for a client that closed; an infer answer is still
+        written, for a client that only half-closed."""
         self.eof = True
         if self.lingering is not None:
             self.close()
@@ -138,9 +140,8 @@ class Connection:
         if not self.cycles and self.rejection is None and not self.inbuf:
             return None  # nothing to answer: close now
         for cycle in self.cycles:
-            if not cycle.complete:
-                cycle.disconnected = True
-                cycle.wake()
+            cycle.disconnected = True
+            cycle.wake()
         self.unquick()  # a quick request cut short: the app learns it through ASGI
         return True  # keep our side open for the answers
 

@@ -1,7 +1,8 @@
 """The HTTP front's own errors, and the one place any error becomes a response.
 
 Every answer that is not a success has the protocol's shape, `{"error": "..."}`,
-routing errors included, with the status from the exception's class
+routing errors included (on the OpenAI routes, OpenAI's: `{"error": {"message", "type",
+"param", "code"}}`), with the status from the exception's class
 (`batching.errors.http_status`). What the body may say is decided here: a
 `RaybatchError` says what was wrong and how to fix it; anything else is a fault
 of the server or of the model and says only its type (and the model's one-line
@@ -15,9 +16,12 @@ from __future__ import annotations
 import logging
 import math
 
+import orjson
+
 from batching.errors import InvalidRequest, RaybatchError, http_status
 from deployments.protocol import error_body
 from deployments.protocol.limits import shown
+from deployments.protocol.openai import error_doc
 
 log = logging.getLogger("deployments.http")
 
@@ -76,8 +80,10 @@ class ClientGone(Exception):
     """The client hung up before the response: nobody is left to answer."""
 
 
-def error_parts(exc: BaseException) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """(status, body, headers) for `exc`: the only place an error becomes a response."""
+def error_parts(exc: BaseException, openai: bool = False
+                ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """(status, body, headers) for `exc`: the only place an error becomes a response.
+    `openai`: in OpenAI's error shape (the /v1 routes)."""
     status = http_status(exc)
     headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
     if status in (429, 503):  # whole seconds; the engine's hint where it has one (Overloaded)
@@ -85,7 +91,10 @@ def error_parts(exc: BaseException) -> tuple[int, bytes, list[tuple[bytes, bytes
         headers.append((b"retry-after", str(max(1, math.ceil(hint))).encode()))
     if isinstance(exc, MethodNotAllowed):
         headers.append((b"allow", ", ".join(exc.allow).encode()))
-    return status, error_body(_message(exc)[:MAX_MESSAGE_CHARS]), headers
+    message = _message(exc)[:MAX_MESSAGE_CHARS]
+    if openai:
+        return status, orjson.dumps(error_doc(status, message, exc)), headers
+    return status, error_body(message), headers
 
 
 def _message(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from deployments.http.errors import Unavailable, error_parts, log_error
-from deployments.http.replies import EventStream, Reply, json_reply
+from deployments.http.replies import EventStream, Reply, json_reply, unless_gone
 from deployments.http.routes import Route
 from deployments.protocol import (
     encode_infer_raw,
@@ -96,7 +96,7 @@ async def infer(call: Any) -> Reply:
 async def generate(call: Any) -> Reply:
     model = call.model()
     request_id, text, params = parse_generate_body(await call.body())
-    final = await call.backend.generate(model, text, params)
+    final = await unless_gone(call.receive, call.backend.generate(model, text, params))
     return json_reply(generate_response(model.name, model.version, request_id, final))
 
 
@@ -107,7 +107,7 @@ async def generate_stream(call: Any) -> EventStream:
     events = None
     try:  # errors before the first event are a proper 4xx/5xx, not an SSE event
         events = call.backend.generate_stream(model, text, params)
-        first = await events.__anext__()
+        first = await unless_gone(call.receive, events.__anext__())
     except BaseException:
         slot.release()
         if events is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from deployments.http.errors import ClientGone
+
 JSON = (b"content-type", b"application/json")
 CLOSE = (b"connection", b"close")
 EVENT_STREAM = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -90,6 +92,24 @@ async def _pump(send: Any, events: AsyncIterator[bytes]) -> None:
     async for event in events:
         await send({"type": "http.response.body", "body": event, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
+
+
+async def unless_gone(receive: Any, work: Awaitable[Any]) -> Any:
+    """`work`'s result, or `ClientGone` as soon as the client hangs up (its body read),
+    with `work` cancelled: a generation waiting in the queue, or running for an answer
+    nobody will read, ends there instead of running for nobody."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this task is cancelled (Serve cancels it on a hang-up)
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone("the client hung up before the answer")
+    return task.result()
 
 
 async def _until_disconnect(receive: Any) -> None:

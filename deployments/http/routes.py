@@ -82,7 +82,8 @@ class Router:
                     return self._pick(template.methods, method, path, template.template), params
         raise NoRoute(f"no route {method} {shown(path)}: this server speaks the Open "
                       "Inference Protocol under /v2 (GET /v2 describes it, GET "
-                      "/v2/models/{model} describes a model)")
+                      "/v2/models/{model} describes a model) and the OpenAI API under /v1 "
+                      "(completions, chat/completions, models)")
 
     @staticmethod
     def _pick(methods: dict[str, Route], method: str, path: str, template: str) -> Route:

@@ -23,6 +23,7 @@ from batching.iterative.policy import IterativePolicy
 from deployments.generation import generate_request
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
+from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.wording import unknown_model, unknown_version
 
 SQUARE = ModelEntry("square", "1", ModelSpec(
@@ -34,7 +35,8 @@ ECHO = ModelEntry("echo", "1", ModelSpec(
 POLICY = IterativePolicy(max_tokens_limit=1_000_000)
 WORDS = ModelEntry("words", "1", ModelSpec(
     "words", inputs=[TensorSpec("text_input", "BYTES", [1])],
-    outputs=[TensorSpec("text_output", "BYTES", [1])]))
+    outputs=[TensorSpec("text_output", "BYTES", [1])]), generative=True,
+    chat_template=ChatTemplate())
 
 
 class FakeBackend:
@@ -105,7 +107,8 @@ class FakeBackend:
 
     async def generate(self, model: ModelEntry, text: Any, params: dict) -> dict[str, Any]:
         words = [e["text_output"] async for e in self.generate_stream(model, text, params)]
-        return {"text_output": "".join(words), "final": True, "finish_reason": "length"}
+        return {"text_output": "".join(words), "final": True, "finish_reason": "length",
+                "num_tokens": len(words) - 1, "prompt_tokens": len(text)}
 
     def generate_stream(self, model: ModelEntry, text: Any,
                         params: dict) -> AsyncIterator[dict[str, Any]]:
@@ -125,7 +128,8 @@ class FakeBackend:
                     raise RuntimeError("the model broke mid-stream")
                 yield {"text_output": f"w{i} ", "index": i}
             done = True
-            yield {"text_output": "", "final": True, "finish_reason": "length"}
+            yield {"text_output": "", "final": True, "finish_reason": "length",
+                   "num_tokens": n, "prompt_tokens": len(text)}
         finally:
             if not done:
                 self.closed.append(text)

@@ -275,12 +275,16 @@ INTERNALS = ("Traceback", 'File "', ".py", "/work/", "site-packages", "0x7f")
 
 def check(case: Case, status: int, headers: dict[str, str], body: bytes,
           allowed: Callable[[int], bool] = lambda s: 400 <= s < 500) -> str:
-    """The verdict: a 4xx whose body is `{"error": <str>}` with nothing internal in it."""
+    """The verdict: a 4xx whose body is `{"error": <str>}` with nothing internal in it
+    (under /v1, the OpenAI API's: `{"error": {"message": <str>, "type", "param", "code"}}`)."""
     assert allowed(status), (case, status, body[:300])
     assert headers.get("content-type", "").startswith("application/json"), (case, headers)
     doc = json.loads(body)
     assert isinstance(doc, dict) and set(doc) == {"error"}, (case, doc)
     message = doc["error"]
+    if case.path.startswith("/v1/"):
+        assert set(message) == {"message", "type", "param", "code"}, (case, doc)
+        message = message["message"]
     assert isinstance(message, str) and 0 < len(message) <= 2_000, (case, message)
     for word in INTERNALS:
         assert word not in message, (case, message)
