@@ -89,19 +89,20 @@ async def _chunks(req: OpenAIRequest, first: dict, rest: AsyncIterator[dict]
                   ) -> AsyncIterator[bytes]:
     """The generation's events as OpenAI chunks, then `[DONE]`; an error after the start
     is an `{"error": {...}}` event (the 200 is sent), which the `openai` package raises."""
+    # A chat's role chunk goes out with its first text, and the last chunk, the usage
+    # chunk and [DONE] together: one write each, as many writes as OIP's events.
+    held = chunk(req, None, None, role=True) if req.chat else b""
     try:
-        if req.chat:
-            yield chunk(req, None, None, role=True)  # first, as OpenAI sends it
         event, text = first, text_chunker(req)
         while True:
             if event.get("final"):
-                yield chunk(req, None, finish_reason(event))
-                if req.include_usage:
-                    yield chunk(req, None, None, usage(event))
-                yield DONE
+                use = chunk(req, None, None, usage(event)) if req.include_usage else b""
+                yield b"".join((held, chunk(req, None, finish_reason(event)), use, DONE))
                 return
             if event["text_output"]:
-                yield text(event["text_output"])
+                yield held + text(event["text_output"]) if held else text(
+                    event["text_output"])
+                held = b""
             event = await rest.__anext__()
     except StopAsyncIteration:
         return
