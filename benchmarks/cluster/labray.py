@@ -1,0 +1,126 @@
+"""Ray on the lab: a head on 198.18.0.1, a node on each host, and the count of live nodes.
+
+What it decides: every Ray process of the lab gets one environment (the same RAY_AUTH_MODE,
+no usage reports, no RAY_ADDRESS of the machine's); the head runs in the root namespace
+with its temp dir under /tmp/rblab-ray (not the machine's /tmp/ray, so that a sweep removes
+it), each host's node in the host's own /tmp/ray; each node's object store is 128 MiB, as
+three nodes share one machine's memory. Nodes are counted from a driver process of its own,
+since a driver joins one cluster only and the caller may be in another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cluster.names import HEAD_IP, LAB_DIR, PREFIX, LabError
+
+HEAD_RAY_TMP = Path(f"/tmp/{PREFIX}ray")  # the head's Ray temp dir: not the machine's /tmp/ray
+OBJECT_STORE_BYTES = 128 * 1024 * 1024  # per node: three nodes share one machine's memory
+
+
+class RayOnLab:
+    """The Ray helpers of `Lab`, which it inherits: they start processes with its run() at
+    its address() and tmp_dir() of each host."""
+
+    def ray_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of every Ray process of the lab: RAY_AUTH_MODE one value for all
+        (this one's, else `disabled`), no usage reports, no RAY_ADDRESS."""
+        out = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        out.update(env or {})
+        out.setdefault("RAY_AUTH_MODE", "disabled")
+        out.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        return out
+
+    def start_head(self, num_cpus: int = 1, ray_args: Sequence[str] = (),
+                   env: Mapping[str, str] | None = None,
+                   log: str | os.PathLike[str] | None = None, timeout_s: float = 60.0) -> str:
+        """`raybatch join --head` on 198.18.0.1 (`env` added to `ray_env()`); returns its
+        GCS address once it listens."""
+        from cluster.ports import free_port
+
+        port = free_port("0.0.0.0")
+        argv = [*_raybatch(), "join", "--head", "--num-cpus", str(num_cpus), "--",
+                "--node-ip-address", HEAD_IP, "--port", str(port),
+                "--temp-dir", str(HEAD_RAY_TMP), "--include-dashboard", "false",
+                "--ray-client-server-port", str(free_port("0.0.0.0")),
+                "--dashboard-agent-listen-port", str(free_port("0.0.0.0")),
+                "--object-store-memory", str(OBJECT_STORE_BYTES), *ray_args]
+        log = log or LAB_DIR / "head.log"
+        proc = self.run(None, argv, env=self.ray_env(env), log=log)
+        give_up = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < give_up:
+            with contextlib.suppress(OSError), socket.create_connection((HEAD_IP, port), 1):
+                return f"{HEAD_IP}:{port}"
+            time.sleep(0.2)
+        raise LabError(f"the Ray head did not listen on {HEAD_IP}:{port}: {_tail(log)}")
+
+    def join(self, host: int, head_address: str, num_cpus: int = 1,
+             resources: Mapping[str, float] | None = None, ray_args: Sequence[str] = (),
+             env: Mapping[str, str] | None = None,
+             log: str | os.PathLike[str] | None = None) -> subprocess.Popen:
+        """`raybatch join --address head_address` on `host`, its Ray in the host's /tmp/ray;
+        `resources` are added to the node's numa<N> ones."""
+        extra = ["--node-ip-address", self.address(host), "--temp-dir", "/tmp/ray",
+                 "--object-store-memory", str(OBJECT_STORE_BYTES)]
+        if resources:  # one --resources, the last wins: keep the node's numa<N> in it
+            from cluster.pinning import sysfs_root
+            from cluster.raynode import node_resources
+            from cluster.topology import discover
+
+            both = {**node_resources(discover(sysfs_root())), **resources}
+            extra += ["--resources", json.dumps(both, sort_keys=True)]
+        argv = [*_raybatch(), "join", "--address", head_address, "--num-cpus", str(num_cpus),
+                "--", *extra, *ray_args]
+        return self.run(host, argv, env=self.ray_env(env),
+                        log=log or self.tmp_dir(host) / "raybatch-join.log")
+
+    def wait_nodes(self, head_address: str, count: int,
+                   timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """`ray.nodes()` once `count` nodes are alive, from a driver on the head (a process
+        of its own: a driver joins one cluster only); TimeoutError if they never are."""
+        proc = self.run(None, [sys.executable, "-c", _NODES_DRIVER, head_address, str(count),
+                               str(timeout_s)], env=self.ray_env(),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        lines = [ln for ln in out.splitlines() if ln.startswith("NODES ")]
+        if not lines:
+            raise LabError(f"the nodes driver failed ({proc.returncode}): {err[-3000:]}")
+        nodes = json.loads(lines[-1].removeprefix("NODES "))
+        if sum(n["Alive"] for n in nodes) < count:
+            raise TimeoutError(f"{count} Ray nodes not alive after {timeout_s} s: {nodes}")
+        return nodes
+
+
+def _raybatch() -> list[str]:
+    here = Path(sys.executable).parent / "raybatch"
+    return [str(here)] if os.access(here, os.X_OK) else [sys.executable, "-m", "cluster.cli.main"]
+
+
+def _tail(path: str | os.PathLike[str], chars: int = 3000) -> str:
+    with contextlib.suppress(OSError):
+        return Path(path).read_text(errors="replace")[-chars:]
+    return "(no log)"
+
+
+_NODES_DRIVER = """
+import json, sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+count, give_up = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+while sum(n["Alive"] for n in ray.nodes()) < count and time.monotonic() < give_up:
+    time.sleep(0.25)
+print("NODES " + json.dumps(ray.nodes(), default=str), flush=True)
+"""
