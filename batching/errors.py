@@ -53,6 +53,14 @@ class DeadlineExceeded(RaybatchError, TimeoutError):
     http_status = 504
 
 
+class NoAnswerInTime(DeadlineExceeded):
+    """The request's deadline passed while it was out for its answer (its batch on a
+    replica, its bundle at a batching actor), and none came by then: what ran it is slow,
+    hung or cut off. Unlike its parent's, this request may have run."""
+
+    http_status = 504
+
+
 class Cancelled(RaybatchError):
     """The request was cancelled by its caller before it finished."""
 

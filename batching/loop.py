@@ -66,14 +66,17 @@ class ReplicaHung(ReplicaDied):
 
 
 class OpenRequest:
-    """An open request: its future, what was asked, and when (for statistics)."""
+    """An open request: its future, what was asked, and when (for statistics); by when it
+    must end (`deadline_s`, inf: no bound), where its host keeps that."""
 
-    __slots__ = ("future", "request", "submitted_s")
+    __slots__ = ("deadline_s", "future", "request", "submitted_s")
 
-    def __init__(self, future: asyncio.Future, request: Any, submitted_s: float) -> None:
+    def __init__(self, future: asyncio.Future, request: Any, submitted_s: float,
+                 deadline_s: float = float("inf")) -> None:
         self.future = future
         self.request = request
         self.submitted_s = submitted_s
+        self.deadline_s = deadline_s
 
 
 class ReplicaSlot:
@@ -88,14 +91,18 @@ class ReplicaSlot:
 
 class Dispatched:
     """A batch the pump formed, with the inputs it sends (captured then: see the note at
-    the top) and whether it was already retried after its replica died."""
+    the top), whether it was already retried after its replica died, whether it waits for
+    a replica to run it again (`parked`), and the latest deadline of its requests
+    (`deadline_s`, inf if one has none): its wait for an answer ends then."""
 
-    __slots__ = ("batch", "inputs", "retried")
+    __slots__ = ("batch", "deadline_s", "inputs", "parked", "retried")
 
-    def __init__(self, batch: Any, inputs: Any) -> None:
+    def __init__(self, batch: Any, inputs: Any, deadline_s: float = float("inf")) -> None:
         self.batch = batch
         self.inputs = inputs
         self.retried = False
+        self.parked = False
+        self.deadline_s = deadline_s
 
 
 class Drainable(Protocol):

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.spread import LabelSelector, Resources
+
 
 class IngressConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -21,6 +23,13 @@ class IngressConfig(BaseModel):
     """Serve replicas of the HTTP/handle ingress."""
     num_cpus: float = Field(default=0.5, ge=0)
     """CPUs each ingress replica reserves, besides what its in-process engines' replicas reserve."""
+    resources: Resources = Field(default_factory=dict)
+    """Ray custom resources each ingress replica asks for (Serve's `ray_actor_options`), so
+    that only nodes advertising them run one, e.g. {"front": 0.001} on the hosts clients
+    reach. On Kubernetes no rendered pod advertises custom resources: leave it empty."""
+    labels: LabelSelector = Field(default_factory=dict)
+    """Ray node labels an ingress replica's node must match (Serve's `ray_actor_options`
+    `label_selector`; as `replicas.labels`), e.g. {"role": "front"}."""
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024)
     """Largest request body accepted; larger ones get HTTP 413, as soon as the body
     passes it (the rest is not read)."""

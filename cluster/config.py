@@ -49,6 +49,7 @@ from cluster.modelpath import ConfigError as ConfigError
 from cluster.modelpath import import_object as import_object
 from cluster.replicas import BatcherConfig as BatcherConfig
 from cluster.replicas import ReplicaConfig as ReplicaConfig
+from cluster.replicas import group_placement_agrees
 from cluster.tensorspec import DATATYPES as DATATYPES
 from cluster.tensorspec import RaggedConfig as RaggedConfig
 from cluster.tensorspec import TensorConfig as TensorConfig
@@ -267,6 +268,7 @@ class ModelConfig(BaseModel):
                 f"batcher.group={self.batcher.group!r}: only dynamic models with "
                 "batcher.placement='actor' and one shard share a batching actor; drop group, "
                 "or set placement to 'actor' and shards to 1")
+        self.batcher.check_placed(self.name)
         if self.batcher.placement != "ingress":
             return self
         if self.batcher.shards != 1:
@@ -336,6 +338,7 @@ class RaybatchConfig(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"model names {dup} appear more than once: names must be unique")
+        group_placement_agrees(self.models)
         return self
 
     @model_validator(mode="after")

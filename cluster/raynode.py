@@ -20,6 +20,9 @@ without Raybatch) gets no request at all: the replica then runs unpinned.
     ray_start_argv(discover(), address="10.0.0.1:6379")
     # ['ray', 'start', '--address', '10.0.0.1:6379', '--resources', '{"numa0": 8, ...}',
     #  '--labels', 'raybatch.io/cores=16,...', '--block']
+
+A user's own `--resources` / `--labels` for `ray start` are merged into these, not
+passed on after them (`ray start` keeps only the last of a repeated option).
 """
 
 from __future__ import annotations
@@ -72,14 +75,96 @@ def ray_start_argv(topology: Topology, *, address: str | None = None, head: bool
     argv = [ray, "start", *(["--head"] if head else ["--address", str(address)])]
     if num_cpus is not None:
         argv += ["--num-cpus", str(num_cpus)]
-    resources = {k: _number(v) for k, v in node_resources(topology).items()}
-    labels = ",".join(f"{k}={v}" for k, v in sorted(node_labels(topology).items()))
-    argv += ["--resources", json.dumps(resources, sort_keys=True), "--labels", labels]
-    return [*argv, *(["--block"] if block else []), *extra]
+    node = merge_node_options(topology, extra)
+    labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))
+    argv += ["--resources", json.dumps(node.resources, sort_keys=True), "--labels", labels]
+    return [*argv, *(["--block"] if block else []), *node.rest]
 
 
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOptions:
+    """A node's resources and labels, Raybatch's merged with a user's `ray start` options
+    (their value wins for a key both name: `notes` say which), and the other options."""
+
+    resources: dict[str, int | float]
+    labels: dict[str, str]
+    rest: list[str]
+    notes: list[str]
+
+
+def merge_node_options(topology: Topology, extra: Sequence[str] = ()) -> NodeOptions:
+    """Merge the `--resources JSON` and `--labels k=v,...` among `extra` (`ray start`
+    options a user passed on) into the node's numa<N> resources and labels: `ray start`
+    keeps only the last of a repeated option, so passing them on would drop Raybatch's.
+
+    merge_node_options(discover(), ["--resources", '{"x": 1}']).resources
+    # {'numa0': 8, 'x': 1}
+    """
+    resources: dict[str, int | float] = {
+        k: _number(v) for k, v in node_resources(topology).items()}
+    labels = node_labels(topology)
+    rest: list[str] = []
+    notes: list[str] = []
+    args = list(extra)
+    while args:
+        arg = args.pop(0)
+        name, eq, value = arg.partition("=")
+        if name not in ("--resources", "--labels"):
+            rest.append(arg)
+            continue
+        if not eq:
+            if not args:
+                raise ValueError(f"{name} needs a value: e.g. {_EXAMPLES[name]}")
+            value = args.pop(0)
+        if name == "--resources":
+            _merge(resources, _parse_resources(value), "resource", notes)
+        else:
+            _merge(labels, _parse_labels(value), "label", notes)
+    return NodeOptions(resources, labels, rest, notes)
+
+
+_EXAMPLES = {"--resources": """--resources '{"accel": 1}'""",
+             "--labels": "--labels 'zone=a,rack=r1'"}
+
+
+def _merge(mine: dict, theirs: Mapping, what: str, notes: list[str]) -> None:
+    for key, value in theirs.items():
+        if key in mine and mine[key] != value:
+            notes.append(f"note: the {what} {key}={value} you passed replaces Raybatch's "
+                         f"{key}={mine[key]}")
+        mine[key] = value
+
+
+def _parse_resources(text: str) -> dict[str, int | float]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--resources {text!r} is not valid JSON ({e.msg} at column "
+                         f"{e.colno}): give an object of resource name to quantity, e.g. "
+                         f"{_EXAMPLES['--resources']}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--resources {text!r} is not a JSON object: give resource name "
+                         f"to quantity, e.g. {_EXAMPLES['--resources']}")
+    for key, value in parsed.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"--resources: {key}={value!r} must be a number >= 0")
+    return {k: _number(v) for k, v in parsed.items()}
+
+
+def _parse_labels(text: str) -> dict[str, str]:
+    """Ray's `--labels` syntax: `key=value` pairs separated by commas."""
+    labels = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = pair.partition("=")
+        if not eq or "=" in value or not key.strip():
+            raise ValueError(f"--labels {text!r}: {pair!r} is not key=value; give "
+                             f"comma-separated pairs, e.g. {_EXAMPLES['--labels']}")
+        labels[key.strip()] = value.strip()
+    return labels
 
 
 @dataclass(frozen=True, slots=True)

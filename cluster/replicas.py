@@ -7,9 +7,12 @@ Split from `cluster.config`, which re-exports both: callers find them there.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.spread import LabelSelector, Resources
 
 
 class ReplicaConfig(BaseModel):
@@ -46,8 +49,21 @@ class ReplicaConfig(BaseModel):
     fail with `BatchTimedOut` (HTTP 504), its other batches run on another replica, and
     the pool starts a replacement. Raise it for models whose batches run longer; null
     waits forever."""
-    resources: dict[str, float] = Field(default_factory=dict)
-    """Extra Ray custom resources per replica (e.g. {"numa0": 2})."""
+    resources: Resources = Field(default_factory=dict)
+    """Extra Ray custom resources per replica: only nodes advertising them take one (e.g.
+    {"numa0": 2}; {"worker": 0.001} with nodes started `raybatch join --resources
+    '{"worker": 1}'`)."""
+    labels: LabelSelector = Field(default_factory=dict)
+    """Ray node labels a replica's node must match (Ray's label selector: `key: value`,
+    `!value`, `in(a,b)`, `!in(a,b)`), e.g. {"raybatch.io/gpus": "!0"}; nodes get labels
+    from `raybatch join --labels` (or `ray start --labels`) and Ray's own `ray.io/` ones."""
+    spread: bool = True
+    """Send each new replica actor, softly, to the node holding the fewest of this model's
+    replicas among the alive nodes (matching `labels`) with room for it, so that losing a
+    node does not take the model down (docs: placement, across hosts). Per pool: a model
+    with several shards, or with its engine in several ingress replicas, spreads each
+    one's share. False: Ray's default placement, which put both replicas of a model on
+    its batching actor's node when measured."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables of the replica process (OMP_NUM_THREADS is set from num_cpus)."""
     scale_up_queue_items: int = Field(default=256, ge=1)
@@ -88,13 +104,14 @@ class ReplicaConfig(BaseModel):
         own = [f"num_gpus={self.num_gpus}" if self.num_gpus else "",
                "pin='required'" if self.pin == "required" else "",
                f"resources={self.resources}" if self.resources else "",
+               f"labels={self.labels}" if self.labels else "",
                f"env={self.env}" if self.env else "",
                "read_ahead=true" if self.read_ahead else ""]
         own = [o for o in own if o]
         if own:
             raise ValueError(f"in_process=true with {', '.join(own)}: an in-process replica "
                              "shares its host's process, so it gets no GPU, cores, custom "
-                             "resources or environment of its own (and reads no batch: "
+                             "resources, node or environment of its own (and reads no batch: "
                              "nothing is pickled); drop those settings or set in_process to "
                              "false (a replica actor of its own)")
 
@@ -109,6 +126,28 @@ class ReplicaConfig(BaseModel):
         """CPUs one of `parts` engine processes reserves for its in-process replicas (its
         share of `max_replicas`, rounded up); 0 when the replicas are actors."""
         return self.num_cpus * -(-self.max_replicas // parts) if self.in_process else 0.0
+
+    # -- the direct connections' keepalive (deployments.keepalive) --------------------------
+    link_ping_s: float = Field(default=0.5, gt=0)
+    """Seconds without a byte from the other end after which a direct connection's caller
+    sends a ping (an empty frame, answered at once): the engine's connections to this
+    model's replica actors (`link`), and its callers' to its batching actors
+    (`batcher.link`). Nothing is sent while answers flow."""
+    link_dead_s: float = Field(default=2.0, gt=0)
+    """Seconds without a byte from the other end, while a batch (or bundle) or a ping is
+    open on a direct connection, after which its caller takes it for lost: a host that lost
+    power or is cut off sends no FIN or RST. A replica so lost is stopped and replaced; its
+    batches are sent once more to another replica where their requests' deadlines allow,
+    else fail with 503 and Retry-After (HTTP). Must exceed `link_ping_s`; raise it on a
+    network with long stalls. TCP keepalive on both ends is set from it too."""
+
+    @model_validator(mode="after")
+    def _link_times(self) -> ReplicaConfig:
+        if self.link_dead_s <= self.link_ping_s:
+            raise ValueError(f"link_dead_s={self.link_dead_s} must exceed link_ping_s="
+                             f"{self.link_ping_s}: a connection is taken for lost only after "
+                             "a ping had time to be answered; raise link_dead_s")
+        return self
 
 
 class BatcherConfig(BaseModel):
@@ -130,6 +169,13 @@ class BatcherConfig(BaseModel):
     num_cpus: float = Field(default=0.0, ge=0)
     """CPUs each batching actor reserves (placement `actor`), besides what its in-process
     replicas reserve (`replicas.in_process`)."""
+    resources: Resources = Field(default_factory=dict)
+    """Placement `actor`: Ray custom resources each batching actor asks for, so that only
+    nodes advertising them take it, e.g. {"head": 0.001} with the head started `ray
+    start --head --resources '{"head": 1}'` (a small amount: a placement, not a share)."""
+    labels: LabelSelector = Field(default_factory=dict)
+    """Placement `actor`: Ray node labels a batching actor's node must match (a label
+    selector, as `replicas.labels`), e.g. {"ray.io/node-id": "<id>"} or {"role": "front"}."""
     group: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     """Placement `actor`, dynamic models with one shard: models naming the same group share
     one batching actor process (each keeps its own engine, queue, replicas and metrics in
@@ -141,3 +187,30 @@ class BatcherConfig(BaseModel):
     node's address from elsewhere; a token from Ray first) instead of a Ray actor call
     each (about 1.3 ms of CPU a call on 2 cores); everything else stays a Ray call. False,
     or where no connection opens (a network that allows only Ray's ports): a Ray call each."""
+
+    def check_placed(self, model: str) -> None:
+        """`resources` / `labels` place batching actors: none runs with placement `ingress`."""
+        if self.placement == "ingress" and (self.resources or self.labels):
+            asked = {k: v for k, v in (("resources", self.resources), ("labels", self.labels))
+                     if v}
+            raise ValueError(
+                f"model {model!r}: batcher {asked} places batching actors, but its engine runs "
+                "in the ingress (batcher.placement='ingress', the default for a dynamic model "
+                "with one shard on CPUs): set batcher.placement to 'actor', or place the "
+                "ingress instead (ingress.resources / ingress.labels)")
+
+
+def group_placement_agrees(models: Sequence[Any]) -> None:
+    """Models naming one `batcher.group` share one batching actor: one place for it."""
+    first: dict[str, Any] = {}
+    for m in models:
+        b = m.batcher
+        if b.group is None:
+            continue
+        other = first.setdefault(b.group, m)
+        if (other.batcher.resources, other.batcher.labels) != (b.resources, b.labels):
+            raise ValueError(
+                f"models {other.name!r} and {m.name!r} share batching actor group "
+                f"{b.group!r} but place it differently (batcher.resources "
+                f"{dict(other.batcher.resources)} vs {dict(b.resources)}, batcher.labels "
+                f"{dict(other.batcher.labels)} vs {dict(b.labels)}): give them the same")

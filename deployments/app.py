@@ -20,6 +20,7 @@ from ray.serve.config import DeploymentActorConfig
 from cluster.config import ModelConfig, RaybatchConfig, load_default
 from cluster.modelpath import python_path_env
 from cluster.render import logging_config
+from cluster.spread import actor_placement
 from deployments.backends import batcher_actor_name
 from deployments.batcher import BatcherActor
 from deployments.http import REPLICA_ENV
@@ -37,8 +38,10 @@ def build_app(config: RaybatchConfig) -> serve.Application:
             init_kwargs={"model_json": first.model_dump_json(), "shard": shard,
                          "metrics_json": config.metrics.model_dump_json(),
                          **({"group_json": [m.model_dump_json() for m in more]} if more else {})},
+            # the models of a group agree on where it runs (config: group_placement_agrees)
             actor_options={"num_cpus": sum(m.batcher_num_cpus for m in (first, *more)),
-                           "max_concurrency": 10_000, **env},
+                           "max_concurrency": 10_000, **env,
+                           **actor_placement(first.batcher.resources, first.batcher.labels)},
         )
         for first, *more in batching_actors(config)
         for shard in range(first.batcher.shards)
@@ -49,7 +52,8 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         # REPLICA_ENV: the HTTP fast path, when the cluster runs Serve's direct ingress
         ray_actor_options={"num_cpus": config.ingress_num_cpus,
                            "runtime_env": {"env_vars": {
-                               **REPLICA_ENV, **python_path_env(config.python_path)}}},
+                               **REPLICA_ENV, **python_path_env(config.python_path)}},
+                           **actor_placement(config.ingress.resources, config.ingress.labels)},
         deployment_actors=actors,
         # Serve force-kills a stopping replica this long after asking it to stop: room
         # for its own requests to finish, then for the batching actors' drain (its

@@ -254,8 +254,10 @@ class ActorBackend:
         return self._ready is not None and self._ready.done()
 
     async def stats(self) -> dict[str, Any]:
-        return merge_stats(await asyncio.gather(*(a.stats.remote(self.model)
-                                                  for a in self.actors())))
+        merged = merge_stats(await asyncio.gather(*(a.stats.remote(self.model)
+                                                    for a in self.actors())))
+        # `raybatch status` finds their nodes by these names (cluster.cli.nodes)
+        return {**merged, "batching_actors": list(self.names)}
 
     def client_actors(self) -> list[Any] | None:
         """What `RaybatchClient` sends to: the batching actors' handles."""

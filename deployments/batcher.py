@@ -43,6 +43,7 @@ from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
 from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
+from deployments.dialer import listen_host
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
 from deployments.heap import freeze_startup_heap
@@ -54,7 +55,8 @@ from deployments.hosts import (
     model_kind,
     submit_bundle_item,
 )
-from deployments.link import LinkServer, listen_host
+from deployments.keepalive import Keepalive
+from deployments.link import LinkServer
 from deployments.metrics import BatcherMetrics, every
 from deployments.pool import ReplicaPool
 from deployments.transit import Stamp, in_transit_s, less_transit
@@ -266,7 +268,7 @@ class BatcherActor:
         (`deployments.link`): 127.0.0.1 for a caller on this node, this node's address
         for one elsewhere; with the token it must send first."""
         if self.link is None:
-            self.link = LinkServer(self.infer, self.cancel)
+            self.link = LinkServer(self.infer, self.cancel, Keepalive.of(self.config.replicas))
         return await self.link.address(listen_host(caller_node))
 
     async def cancel(self, caller: str, keys: list[Any], model: str | None = None) -> int:

@@ -31,28 +31,43 @@ so the actor still sees a request before its cancel. A connection that ends fail
 open bundles as a failed Ray call would, with what Ray says of the actor (dead, or
 ended on purpose: `BatcherStopped`); the next bundle opens another. Where no connection
 can be opened (another version's actor, a network between nodes that allows only Ray's
-ports) the bundles go as Ray calls, and opening is tried again a while later.
+ports) the bundles go as Ray calls, and opening is tried again a while later. The
+connection has a heartbeat (`deployments.keepalive`): one that stops answering ends as one
+that closed, and asking Ray about the actor then is bounded (`ASK_RAY_S`).
+
+Every request with a deadline is answered by it, whatever the actor, its connection or
+Ray do: `hard_timeout(priority, timeout_s)` (the engine's own rule, from the route) says
+when it ends, and `LATE_ANSWER_S` after that (the actor fails it at its deadline itself,
+so its own answer normally comes first) one sweep timer fails it with `NoAnswerInTime`
+(504) and cancels it at the actor. A heap of (deadline, key), not a timer per request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
+import math
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from batching.errors import WorkerDied
+from batching.errors import NoAnswerInTime, WorkerDied
 from batching.loop import detached
 from deployments.bundles import outcomes, pack
-from deployments.link import Dialer, Link, LinkLost
+from deployments.dialer import Dialer
+from deployments.keepalive import DEFAULT, Keepalive
+from deployments.link import Link, LinkLost
 from deployments.transit import stamp
 
 log = logging.getLogger(__name__)
 # How Ray 2.60 words an actor ended on purpose (`ray.kill`), as Serve ends a stopped
 # version's batching actors once their drain is done (`deployments.drain`).
 _KILLED = "killed by `ray.kill`"
+LATE_ANSWER_S = 0.5  # past a request's deadline, its answer is given up on
+ASK_RAY_S = 5.0  # after a connection ended, how long Ray may take to say what became of it
 
 
 class BatcherStopped(WorkerDied):
@@ -71,7 +86,11 @@ class Coalescer:
 
     def __init__(self, get_actor: Callable[[], Any], bundle_items: int = 64,
                  on_lost: Callable[[int], None] | None = None, link: bool = True,
-                 model: str | None = None) -> None:
+                 model: str | None = None, keepalive: Keepalive | None = DEFAULT,
+                 hard_timeout: Callable[[Any, float | None], float | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`hard_timeout(priority, timeout_s)`: the seconds after which the engine no
+        longer answers a request but with an error (None: no bound); default: `timeout_s`."""
         self._get_actor = get_actor
         # an actor that runs a group of models: each call names this one's
         self._model = () if model is None else (model,)
@@ -87,9 +106,15 @@ class Coalescer:
         self.bundles_sent = 0
         self.cancels_sent = 0
         # the direct connection to the actor (batcher.link), once open
-        self._dialer = Dialer("the batching actor") if link else None
+        self._dialer = Dialer("the batching actor", keepalive) if link else None
         self._ray_keys: set[int] = set()  # open requests sent in Ray calls (with a link)
         self.linked_bundles = 0  # bundles sent on the connection
+        self._hard = hard_timeout or (lambda priority, timeout_s: timeout_s)
+        self._clock = clock
+        self._answer_by: list[tuple[float, int]] = []  # heap: (deadline + LATE_ANSWER_S, key)
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = math.inf
+        self.late = 0  # requests this side gave up on at their deadline
 
     @property
     def outstanding(self) -> int:
@@ -110,7 +135,46 @@ class Coalescer:
                              else (key, items, priority, timeout_s, control, requests))
         if len(self._pending) == 1:
             loop.call_soon(self._flush, context=detached())
+        hard_s = self._hard(priority, timeout_s)
+        if hard_s:
+            self._answer_by_deadline(key, self._clock() + hard_s + LATE_ANSWER_S)
         return fut
+
+    # -- deadlines: every request answered by its own ---------------------------------------
+    def _answer_by_deadline(self, key: int, at: float) -> None:
+        heap = self._answer_by
+        heapq.heappush(heap, (at, key))
+        if len(heap) > 1024 and len(heap) > 4 * len(self._futures):  # mostly answered
+            heap[:] = [e for e in heap if e[1] in self._futures]
+            heapq.heapify(heap)
+        if at < self._sweep_at:
+            self._arm_sweep(heap[0][0])
+
+    def _arm_sweep(self, at: float) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = asyncio.get_running_loop().call_later(
+            max(at - self._clock(), 0.0), self._end_overdue, context=detached())
+
+    def _end_overdue(self) -> None:
+        self._sweep, self._sweep_at = None, math.inf
+        heap, futures = self._answer_by, self._futures
+        now = self._clock()
+        while heap and (heap[0][0] <= now or heap[0][1] not in futures):
+            key = heapq.heappop(heap)[1]
+            fut = futures.get(key)
+            if fut is None or fut.done():  # answered; or cancelled: its callback cancels it
+                continue
+            del futures[key]
+            self.late += 1
+            fut.set_exception(NoAnswerInTime(
+                f"no answer from the batching actor by this request's deadline (+"
+                f"{LATE_ANSWER_S:g} s): it, or the replica running the request, is slow or "
+                "cut off; retry"))
+            self._cancel_sent(key)
+        if heap:
+            self._arm_sweep(heap[0][0])
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -183,9 +247,11 @@ class Coalescer:
         if self._dialer is not None and link is not None:
             self._dialer.drop(link)
         actor = self._actor
-        try:
+        try:  # bounded: a Ray call to an actor cut off from here waits until Ray gives up
             if actor is not None:
-                await actor.ready.remote()
+                await asyncio.wait_for(actor.ready.remote(), ASK_RAY_S)
+        except asyncio.TimeoutError:
+            pass
         except Exception as died:
             self._lost(bundle, died)
             return
@@ -214,6 +280,10 @@ class Coalescer:
         # go through call_soon, in order), so a key still here was sent.
         if self._futures.pop(key, None) is None:
             return  # it had ended already, or _flush left it out
+        self._cancel_sent(key)
+
+    def _cancel_sent(self, key: int) -> None:
+        """Cancel request `key` at the actor (with the others of this tick)."""
         self._to_cancel.append(key)
         if len(self._to_cancel) == 1:
             asyncio.get_running_loop().call_soon(self._flush_cancels, context=detached())

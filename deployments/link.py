@@ -11,12 +11,17 @@ pickled, protocol 5), and the actor runs the very same method; everything else
 (readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked
 (`link_address`, a Ray call, which also hands out a random token): on 127.0.0.1 for a
 caller on its own node, on the node's address for one from another node. The caller
-connects and sends the token, then frames `[length u32][call id u64][kind u8][payload]`:
-INFER (the call's arguments) is answered by a REPLY (its value) or an ERROR (the
-exception it raised) with its id; CANCEL (caller, keys) has no answer. One connection is
-read in order, so a cancel sent after its bundle is seen after it, as with Ray calls.
-A sync actor (a replica) serves from a loop on a thread of its own (`ThreadedLinkServer`).
-Failure: a connection that ends fails each call still open on it with `LinkLost` (the
+connects (`deployments.dialer`) and sends the token, then frames
+`[length u32][call id u64][kind u8][payload]`: INFER (the call's arguments) is answered
+by a REPLY (its value) or an ERROR (the exception it raised) with its id; CANCEL
+(caller, keys) has no answer; PING is answered with a PONG at once
+(`deployments.keepalive`). One connection is read in order, so a
+cancel sent after its bundle is seen after it, as with Ray calls. A sync actor (a
+replica) serves from a loop on a thread of its own (`ThreadedLinkServer`), its calls on
+other threads, so that loop always answers pings, however long a batch runs.
+Failure: a connection that ends, or that the caller's heartbeat takes for lost (nothing
+heard for `replicas.link_dead_s` while a call or a ping is open: a host that lost power
+or is cut off sends no FIN), fails each call still open on it with `LinkLost` (the
 caller asks Ray what became of a batching actor, `deployments.coalesce`, or takes it as
 its replica's death, `deployments.pool`); the actor cancels what a caller that went away
 had open, as when a Ray call is cancelled. Trust: only a caller that got the token from
@@ -33,22 +38,21 @@ import pickle
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching.errors import WorkerDied
-from batching.loop import detached_task
-from deployments.transit import node_id
+from deployments.keepalive import DEFAULT, Heartbeat, Keepalive, Verdict, tcp_keepalive
 
 log = logging.getLogger(__name__)
 
 HEAD = struct.Struct("<IQB")  # payload length, call id, kind
-INFER, CANCEL, REPLY, ERROR = 1, 2, 3, 4
+INFER, CANCEL, REPLY, ERROR, PING, PONG = 1, 2, 3, 4, 5, 6
 TOKEN_BYTES = 16
 TOKEN_WAIT_S = 5.0  # a connection that has not sent the token by then is closed
 MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past it is garbage
-RETRY_S = 10.0  # after a connection could not be opened, Ray calls until then
 
 
 class LinkLost(WorkerDied):
@@ -118,6 +122,7 @@ class _Served(_Framing):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        tcp_keepalive(transport.get_extra_info("socket"), self.server.keepalive)
         self.no_token = asyncio.get_running_loop().call_later(TOKEN_WAIT_S, self._silent)
 
     def _silent(self) -> None:
@@ -125,6 +130,12 @@ class _Served(_Framing):
             self.transport.abort()
 
     def frame(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == PING:  # answered here, on the loop, whatever runs: no work in it
+            self.transport.write(_frame(cid, PONG, b""))
+            return
+        if kind == INFER and self.server.raw:  # its call's thread reads and writes it
+            self._start(cid, self.server.infer(payload))
+            return
         try:
             args = pickle.loads(payload)
         except Exception:
@@ -135,22 +146,31 @@ class _Served(_Framing):
             log.warning("a frame of %s on a direct connection; closing it", type(args).__name__)
             self.transport.abort()
             return
-        loop = asyncio.get_running_loop()
         if kind == INFER:
-            task = self.open[cid] = loop.create_task(self.server.infer(*args))
-            task.add_done_callback(lambda t, cid=cid: self._answer(cid, t))
+            self._start(cid, self.server.infer(*args))
         elif kind == CANCEL:
-            task = loop.create_task(self.server.cancel(*args))
+            task = asyncio.get_running_loop().create_task(self.server.cancel(*args))
             self.cancels.add(task)
             task.add_done_callback(self.cancels.discard)
         else:
             self.transport.abort()
+
+    def _start(self, cid: int, call: Awaitable[Any]) -> None:
+        task = self.open[cid] = asyncio.get_running_loop().create_task(call)
+        task.add_done_callback(lambda t, cid=cid: self._answer(cid, t))
 
     def _answer(self, cid: int, task: asyncio.Task) -> None:
         self.open.pop(cid, None)
         if task.cancelled() or self.transport is None or self.transport.is_closing():
             return
         error = task.exception()
+        if error is None and self.server.raw:  # (kind, its payload), or unreadable: None
+            kind, data = task.result()
+            if kind is None:
+                self.transport.abort()
+            else:
+                self.transport.write(_frame(cid, kind, data))
+            return
         try:
             frame = (_frame(cid, REPLY, pickle.dumps(task.result(), protocol=5))
                      if error is None else _frame(cid, ERROR, pickle.dumps(error, protocol=5)))
@@ -170,11 +190,15 @@ class _Served(_Framing):
 
 class LinkServer:
     """The actor's side: runs `infer(bundle, caller, sent)` and `cancel(caller, keys)` for
-    each caller that connects with the token."""
+    each caller that connects with the token; answers pings; `keepalive`: its TCP
+    keepalive (a caller that vanished ends its connection). `raw`: `infer(payload)` gets
+    an INFER frame's bytes and answers `(kind, payload)` (`ThreadedLinkServer`)."""
 
     def __init__(self, infer: Callable[..., Awaitable[Any]],
-                 cancel: Callable[..., Awaitable[Any]]) -> None:
+                 cancel: Callable[..., Awaitable[Any]],
+                 keepalive: Keepalive = DEFAULT, raw: bool = False) -> None:
         self.infer, self.cancel = infer, cancel
+        self.keepalive, self.raw = keepalive, raw
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.servers: dict[str, asyncio.AbstractServer] = {}
         self.connections: set[_Served] = set()
@@ -201,19 +225,70 @@ class LinkServer:
 
 
 class Link(_Framing):
-    """The caller's side: `call` returns a future of the actor's answer; `cancel` sends."""
+    """The caller's side: `call` returns a future of the actor's answer; `cancel` sends.
+    With `keepalive`, a heartbeat (`deployments.keepalive`) takes a peer that stopped
+    answering for lost; `on_lost(why)` is told when the connection ends other than by
+    this side's `close` (the peer went away, or stopped answering)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keepalive: Keepalive | None = None,
+                 on_lost: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.open: dict[int, asyncio.Future] = {}
         self.next_id = 0
         self.closed = False
+        self.keepalive, self.on_lost, self._clock = keepalive, on_lost, clock
+        self.heartbeat: Heartbeat | None = None
+        self._ticker: asyncio.TimerHandle | None = None
 
     @classmethod
-    async def open_to(cls, host: str, port: int, token: bytes) -> Link:
-        _, link = await asyncio.get_running_loop().create_connection(cls, host, port)
+    async def open_to(cls, host: str, port: int, token: bytes,
+                      keepalive: Keepalive | None = None,
+                      on_lost: Callable[[str], None] | None = None) -> Link:
+        _, link = await asyncio.get_running_loop().create_connection(
+            lambda: cls(keepalive, on_lost), host, port)
         link.transport.write(token)
         return link
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if self.keepalive is not None:
+            tcp_keepalive(transport.get_extra_info("socket"), self.keepalive)
+            self.heartbeat = Heartbeat(self.keepalive, self._clock())
+            self._tick()
+
+    def data_received(self, data: bytes) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.heard_s = self._clock()
+        super().data_received(data)
+
+    # -- the heartbeat: one timer per connection, never one per call ----------------------
+    def _tick(self) -> None:
+        if not self.closed:
+            self.check(self._clock())
+        self._ticker = None if self.closed else asyncio.get_running_loop().call_later(
+            self.keepalive.ping_s / 2, self._tick)
+
+    def check(self, now: float) -> None:
+        """The heartbeat's decision at `now`: ping, declare the connection lost, or wait."""
+        verdict = self.heartbeat.check(now, bool(self.open),
+                                       self.transport.get_write_buffer_size())
+        if verdict is Verdict.PING:
+            self.transport.write(_frame(0, PING, b""))
+        elif verdict is Verdict.LOST:
+            self.lose(LinkLost(self.heartbeat.why(now)))
+
+    def lose(self, error: LinkLost) -> None:
+        """End the connection from this side because the peer stopped answering: every
+        open call fails with `error`, whatever comes later on it is never read."""
+        if self.closed:
+            return
+        self.closed = True
+        log.warning("a direct connection is lost: %s", error)
+        self._fail_open(error)
+        if self.on_lost is not None:
+            self.on_lost(str(error))
+        self.transport.abort()
 
     def call(self, *args: Any) -> asyncio.Future:
         """The future of the served function's answer to `args` (`infer` at a batching
@@ -234,6 +309,10 @@ class Link(_Framing):
                                                                 protocol=5)))
 
     def frame(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == PONG:
+            if self.heartbeat is not None:
+                self.heartbeat.answered(self._clock())
+            return
         fut = self.open.pop(cid, None)
         if fut is None or fut.done():
             return
@@ -249,11 +328,18 @@ class Link(_Framing):
                 f"the other end answered {value!r}"))
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        by_peer, self.closed = not self.closed, True
         why = LinkLost(f"the connection ended ({exc or 'closed'})")
+        self._fail_open(why)
+        if by_peer and self.on_lost is not None:
+            self.on_lost(str(why))
+
+    def _fail_open(self, error: LinkLost) -> None:
         for fut in self.open.values():
             if not fut.done():
-                fut.set_exception(why)
+                fut.set_exception(error)
         self.open.clear()
 
     def close(self) -> None:
@@ -264,13 +350,16 @@ class Link(_Framing):
 
 class ThreadedLinkServer:
     """A `LinkServer` for a sync actor (a model replica): its own event loop on a thread of
-    its own; each call runs `fn(*args)` on one of `workers` threads (the replica's pipeline
-    slots), so the next batch is read off the socket while one runs; with one worker, on
-    the loop's thread itself (the next frame waits in the socket). `initializer` runs first
-    on each of these threads (a replica pins them to its cores)."""
+    its own, which only moves frames and answers pings however long a batch runs; each
+    call is read (unpickled), run (`fn(*args)`) and its answer written on one of `workers`
+    threads (the replica's pipeline slots): with two, the next batch is read while one
+    runs; with one, one batch at a time, in order, the next read only once one has ended
+    (as a CPU replica wants: that work would compete with its model for its cores).
+    `initializer` runs first on each of these threads (a replica pins them to its cores)."""
 
     def __init__(self, fn: Callable[..., Any], workers: int,
-                 initializer: Callable[[], None] | None = None) -> None:
+                 initializer: Callable[[], None] | None = None,
+                 keepalive: Keepalive = DEFAULT) -> None:
         self.loop = asyncio.new_event_loop()
         self.calls = 0  # calls served
         ready = threading.Event()
@@ -283,88 +372,38 @@ class ThreadedLinkServer:
 
         threading.Thread(target=serve, name="link", daemon=True).start()
         ready.wait()
-        if workers > 1:
-            pool = ThreadPoolExecutor(workers, thread_name_prefix="link-call",
-                                      initializer=initializer)
+        pool = ThreadPoolExecutor(max(workers, 1), thread_name_prefix="link-call",
+                                  initializer=initializer)
 
-            async def call(*args: Any) -> Any:
-                self.calls += 1
-                return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-        else:  # one call at a time: on the loop's own thread, no hop to another and back
-            async def call(*args: Any) -> Any:
-                self.calls += 1
-                return fn(*args)
+        async def call(payload: bytes) -> tuple[int | None, bytes]:
+            self.calls += 1
+            return await asyncio.get_running_loop().run_in_executor(pool, _run_frame, fn,
+                                                                    payload)
 
         async def cancel(*args: Any) -> int:
             return 0  # a batch sent to a replica runs: its caller drops what it gave up on
 
-        self.server = LinkServer(call, cancel)
+        self.server = LinkServer(call, cancel, keepalive, raw=True)
 
     def address(self, host: str) -> tuple[str, int, bytes]:
         return asyncio.run_coroutine_threadsafe(self.server.address(host), self.loop).result(30)
 
 
-def listen_host(caller_node: str | None) -> str:
-    """Where an actor listens for a caller on Ray node `caller_node`: 127.0.0.1 when that
-    is the actor's own node, else the node's address."""
-    import ray
-
-    if caller_node is not None and caller_node == node_id():
-        return "127.0.0.1"
-    return ray.util.get_node_ip_address()
-
-
-class Dialer:
-    """A caller's connection to one actor (its `link_address`), opened in the background
-    the first time it is wanted (`dial`); until it is open, or for `RETRY_S` after it could
-    not be (said once in the log), the caller makes Ray calls."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what  # the actor, in the log
-        self.link: Link | None = None
-        self._opening: asyncio.Task | None = None
-        self._retry_at = 0.0
-        self._warned = False
-
-    def live(self) -> Link | None:
-        """The connection, if it is open."""
-        link = self.link
-        return link if link is not None and not link.closed else None
-
-    def dial(self, actor: Any, wanted: Callable[[], bool] = lambda: True) -> None:
-        """Start opening a connection to `actor`, unless one is opening or it is too soon;
-        it is kept once open if `wanted()` still says so (the actor was not replaced)."""
-        if not hasattr(actor, "link_address"):
-            return  # a stand-in (the engine in the ingress, `client._ViaIngress`): Ray calls
-        if self._opening is None and asyncio.get_running_loop().time() >= self._retry_at:
-            self._opening = detached_task(self._open(actor, wanted))
-
-    async def _open(self, actor: Any, wanted: Callable[[], bool]) -> None:
-        try:
-            link = await Link.open_to(*await actor.link_address.remote(node_id()))
-        except Exception as e:
-            self._retry_at = asyncio.get_running_loop().time() + RETRY_S
-            (log.debug if self._warned else log.warning)(
-                "no direct connection to %s (%r): Ray calls instead; trying again every "
-                "%.0f s", self.what, e, RETRY_S)
-            self._warned = True
-            return
-        finally:
-            self._opening = None
-        if wanted():
-            self.link = link
-        else:
-            link.close()
-
-    def drop(self, link: Link) -> None:
-        """`link` ended: forget it (not a newer one)."""
-        if self.link is link:
-            self.link = None
-
-    def close(self) -> None:
-        link, self.link = self.link, None
-        if link is not None:
-            try:
-                link.close()
-            except RuntimeError:  # its loop has ended: so has the connection
-                pass
+def _run_frame(fn: Callable[..., Any], payload: bytes) -> tuple[int | None, bytes]:
+    """On a call's thread: its arguments from `payload`, `fn(*args)`, and its answer as
+    (REPLY or ERROR, pickled); (None, b"") for a frame that is not a call's arguments."""
+    try:
+        args = pickle.loads(payload)
+    except Exception:
+        log.exception("an unreadable frame on a direct connection; closing it")
+        return None, b""
+    if type(args) is not tuple:
+        return None, b""
+    try:
+        value, kind = fn(*args), REPLY
+    except BaseException as e:  # the call's error, sent back as a Ray call's would be
+        value, kind = e, ERROR
+    try:
+        return kind, pickle.dumps(value, protocol=5)
+    except Exception as e:  # an answer that does not pickle: the call's error says so
+        return ERROR, pickle.dumps(WorkerDied(f"the answer could not be sent back: {e!r}"))

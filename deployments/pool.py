@@ -33,14 +33,17 @@ from batching.errors import BatchTimedOut
 from batching.loop import ReplicaDied, ReplicaHung, detached_task
 from cluster.config import ModelConfig
 from cluster.modelpath import PYTHON_PATH_ENV
+from deployments.dialer import Dialer
 from deployments.hosts import Host
 from deployments.inprocess import InProcessClient
-from deployments.link import Dialer, Link, LinkLost
+from deployments.keepalive import DEFAULT, Keepalive
+from deployments.link import Link, LinkLost
 from deployments.metrics import PoolSnapshot
 from deployments.replica import ModelReplica, ReplicaSetupError, reads_ahead
 
 log = logging.getLogger(__name__)
 PENDING_WARN_S = 15.0
+INFO_WAIT_S = 5.0  # a replica's info() for stats and `raybatch status`, at most
 
 
 async def _await(ref: Any) -> Any:
@@ -76,20 +79,31 @@ class RayReplicaClient:
     A timer, not `asyncio.wait_for`: no extra task per batch. With `link` (a dynamic model's
     replica, `replicas.link`) batches go on a direct connection once it is open
     (`deployments.link`; the first as Ray calls meanwhile): its end is the replica's death,
-    or after the timer, that batch's hang, as for a Ray call.
+    or after the timer, that batch's hang, as for a Ray call. A connection that ends, or
+    that stops answering (`keepalive`: a host that lost power, or is cut off, sends no FIN),
+    even with nothing open on it, marks the replica lost: every later call raises
+    ReplicaDied at once, so its engine stops sending to it and the pool replaces it.
     """
 
     def __init__(self, actor: Any, index: int, timeout_s: float | None = None,
-                 link: bool = False) -> None:
+                 link: bool = False, keepalive: Keepalive | None = DEFAULT) -> None:
         self.actor = actor
         self.index = index
         self.name = f"replica-{index}"
         self.timeout_s = timeout_s
         self._stopped = False  # a batch ran past timeout_s: the actor is being killed
+        self.lost: str | None = None  # why its direct connection was lost, once it was
         # batches on a direct connection (`replicas.link`), once open
-        self._dialer = Dialer(self.name) if link else None
+        self._dialer = Dialer(self.name, keepalive, self._link_lost) if link else None
+
+    def _link_lost(self, why: str) -> None:
+        if self.lost is None and not self._stopped:
+            log.error("%s is lost: %s", self.name, why)
+        self.lost = why
 
     async def run(self, items: Any) -> tuple[Any, float]:
+        if self.lost is not None:  # its host is gone or cut off: nothing more goes there
+            raise ReplicaDied(f"{self.name}: its direct connection was lost ({self.lost})")
         dialer = self._dialer
         link = dialer.live() if dialer is not None else None
         if link is not None:
@@ -111,9 +125,12 @@ class RayReplicaClient:
         return _placed(self.actor)
 
     def stop(self) -> None:
-        ray.kill(self.actor, no_restart=True)
-        if self._dialer is not None:
-            self._dialer.close()
+        self._stopped = True
+        try:  # an actor already dead, or on a node Ray cannot reach now: killed once it can
+            ray.kill(self.actor, no_restart=True)
+        finally:
+            if self._dialer is not None:
+                self._dialer.close()
 
     async def _call(self, method: Any, *args: Any, link: Link | None = None) -> Any:
         """`method(*args)` as a Ray call, or on `link` (its end is the actor's, as a Ray
@@ -177,14 +194,16 @@ class ReplicaPool:
         self._task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
 
-    def _actor_options(self) -> dict[str, Any]:
+    def _actor_options(self, index: int = -1) -> dict[str, Any]:
         r = self.config.replicas
         threads = str(max(1, math.floor(r.num_cpus))) if r.num_cpus else "1"
         numa_resources, placement_env = self._placement()
+        resources = {**r.resources, **numa_resources}
         return {
             "num_cpus": r.num_cpus,
             "num_gpus": r.num_gpus,
-            "resources": {**r.resources, **numa_resources},
+            "resources": resources,
+            **self._node(index, resources),
             "max_restarts": 0,
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                                          **placement_env, **_python_path(), **r.env}},
@@ -206,6 +225,22 @@ class ReplicaPool:
         chooser = self.__dict__.setdefault("_numa_chooser", NumaChooser())
         return numa_request(self.config.replicas, chooser, numa_view, time.monotonic())
 
+    def _node(self, index: int, resources: dict[str, float]) -> dict[str, Any]:
+        """Where replica `index` may run (`replicas.labels`) and, with `replicas.spread`,
+        the node it is sent to, softly: the one holding the fewest of this pool's replicas
+        among those with room (`cluster.spread`, which says why not Ray's SPREAD)."""
+        from cluster.spread import ReplicaSpread, actor_placement
+
+        r = self.config.replicas
+        out = actor_placement({}, r.labels)
+        if not r.spread:
+            return out
+        spread = self.__dict__.setdefault("_spread", ReplicaSpread())
+        live = [*(self.host.replicas if self.host is not None else ()), *self._starting.values()]
+        demand = {"CPU": r.num_cpus, "GPU": r.num_gpus, **resources}
+        return {**out, **spread.options(index, demand, [(c.index, getattr(c, "actor", None))
+                                                        for c in live], r.labels)}
+
     async def start(self) -> None:
         """Start `min_replicas` (at least one) and wait until they serve; then keep scaling."""
         want = max(1, self.config.replicas.min_replicas)
@@ -223,11 +258,12 @@ class ReplicaPool:
                                                     self.record_metrics, r.batch_timeout_s)
         else:
             actor = ray.remote(concurrency_groups={"control": 1})(self._replica_class).options(
-                **self._actor_options(), **self._threads()).remote(
+                **self._actor_options(index), **self._threads()).remote(
                 self._json, index, self.record_metrics)
             # a dynamic model's replica takes its batches on a direct connection
             client = RayReplicaClient(actor, index, r.batch_timeout_s,
-                                      link=r.link and self._replica_class.DEVICE_THREAD)
+                                      link=r.link and self._replica_class.DEVICE_THREAD,
+                                      keepalive=Keepalive.of(r))
         self._starting[index] = client
         return index, client
 
@@ -284,8 +320,14 @@ class ReplicaPool:
         return {"CPU": r.num_cpus, **({"GPU": r.num_gpus} if r.num_gpus else {}), **r.resources}
 
     def replaced(self, client: ReplicaClient) -> None:
-        """A replica died: start another in its place (called by the host)."""
+        """A replica died: start another in its place (called by the host). The old one is
+        stopped: one taken for dead because its connection went silent (a partition) may
+        still live, holding its resources and, once healed, sending late answers."""
         log.warning("replacing %s of model %s", client.name, self.config.name)
+        try:
+            client.stop()
+        except Exception as e:  # dead already, or unreachable: Ray ends it with its node
+            log.debug("stopping %s of %s: %r", client.name, self.config.name, e)
         # Created now, not in the task: the new replica must count as starting before the
         # autoscaler next compares live replicas with min_replicas, or it starts one more.
         self._spawn(self._serve(*self._create()))
@@ -317,6 +359,9 @@ class ReplicaPool:
         # The least busy; among equals the newest: it is the one an autoscaler added a
         # node for, so that node can go idle and be removed (the oldest stay where they were).
         victim = min(self.host.replicas, key=lambda c: (self.host.outstanding(c), -c.index))
+        spread = self.__dict__.get("_spread")
+        if spread is not None:  # let go, not lost: its node stays a first choice
+            spread.removed(victim.index)
         self.host.remove_replica(victim)
         victim.stop()
         log.info("scaled %s of %s down", victim.name, self.config.name)
@@ -326,11 +371,16 @@ class ReplicaPool:
                             self._demand())
 
     async def info(self) -> list[dict[str, Any]]:
+        """Each replica's `info()`; one that does not answer within `INFO_WAIT_S` (its host
+        cut off: a Ray call waits until Ray gives the node up) is said to be unreachable."""
         out = []
         for client in self.host.replicas:
             try:
-                info = await client.info()
+                info = await asyncio.wait_for(client.info(), INFO_WAIT_S)
                 info["state"] = "ALIVE"
+            except asyncio.TimeoutError:
+                info = {"index": client.index,
+                        "state": f"UNREACHABLE (no answer in {INFO_WAIT_S:g} s)"}
             except Exception as e:
                 info = {"index": client.index, "state": f"DEAD ({type(e).__name__})"}
             info["outstanding_batches"] = self.host.outstanding(client)

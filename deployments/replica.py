@@ -13,8 +13,9 @@ state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: 
 that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`).
 Every dynamic model's replica actor takes its batches on a direct connection from its
 engine (`replicas.link`, `deployments.link`) instead of a Ray call each: a thread of its
-own reads them off the socket and hands each to the device thread, or, without one, runs
-it right there, pinned with the replica, one batch at a time. Sequence and generation replicas
+own reads them off the socket (and answers the engine's pings, however long a batch
+runs) and hands each to the device thread, or, without one, to one call thread, pinned
+with the replica, one batch at a time. Sequence and generation replicas
 (`deployments.stateful_replica`) always keep one thread: their calls change state in
 the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
@@ -53,8 +54,10 @@ from batching.errors import RaybatchError
 from batching.model import instantiate, run_batch
 from cluster.config import ModelConfig, import_object
 from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
+from deployments.dialer import listen_host
 from deployments.heap import freeze_startup_heap
-from deployments.link import ThreadedLinkServer, listen_host
+from deployments.keepalive import Keepalive
+from deployments.link import ThreadedLinkServer
 from deployments.metrics import ReplicaMetrics
 from deployments.warmup import warm_up
 
@@ -160,12 +163,13 @@ class ModelReplica:
         node's address for one elsewhere; with the token it must send first. Each batch
         runs as `run` does: on the device thread when it reads ahead (the connection's
         threads only read and write), else on the connection's one call thread, pinned
-        where the replica is."""
+        where the replica is; the connection's loop answers pings meanwhile."""
         if not self.DEVICE_THREAD or self.in_process:
             raise RuntimeError("only a dynamic model's replica actor takes batches on a link")
         if self._link is None:
             workers = self.config.replicas.max_inflight_batches if self._device else 1
-            self._link = ThreadedLinkServer(self.run, workers, initializer=self._pin_thread)
+            self._link = ThreadedLinkServer(self.run, workers, initializer=self._pin_thread,
+                                            keepalive=Keepalive.of(self.config.replicas))
         return self._link.address(listen_host(caller_node))
 
     def _pin_thread(self) -> None:

@@ -29,11 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from batching.dynamic.policy import DynamicPolicy, TimeoutAction
 from batching.errors import InvalidRequest, Overloaded
 from batching.tensors import TensorBatch
 from cluster.config import ModelConfig
 from deployments.coalesce import Coalescer
 from deployments.generation import GenerateMux, collect, generate_request
+from deployments.keepalive import Keepalive
 from deployments.metrics import CallerMetrics
 from deployments.protocol.binary import PayloadTooLarge
 from deployments.protocol.wording import no_correlation_id
@@ -59,8 +61,10 @@ class ModelRoute:
         lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
         link = config.batcher.link
         group = config.batcher.group  # the actor runs several models: calls name this one
+        keepalive, hard = Keepalive.of(config.replicas), hard_timeout(config.batching)
         self.shards = shards or [Coalescer(get, bundle_items=size, on_lost=lost, link=link,
-                                           model=config.name if group else None)
+                                           model=config.name if group else None,
+                                           keepalive=keepalive, hard_timeout=hard)
                                  for get in get_actors]
         iterative = self.kind == "iterative"
         self.generators = generators if generators is not None else (
@@ -209,6 +213,32 @@ class ModelRoute:
                        ) -> dict[str, Any]:
         """A whole generation: {"text_output", "finish_reason", "num_tokens", ...}."""
         return await collect(self.generate_stream(prompt, params))
+
+
+def hard_timeout(policy: Any) -> Callable[[Any, float | None], float | None]:
+    """`(priority, timeout_s) -> seconds | None`: when the engine stops answering a request
+    but with an error, by its own rule (a dynamic model's level: its default timeout, the
+    request's own if it may override it, none at a `timeout_action: delay` level, which
+    runs late requests instead); the ingress answers by then whatever happens upstream."""
+    if not isinstance(policy, DynamicPolicy):
+        return lambda priority, timeout_s: timeout_s or None
+    levels = [policy.queue_policy(i) for i in range(1, policy.priority_levels + 1)]
+    rules = [(q.timeout_action is TimeoutAction.DELAY, q.default_timeout_s,
+              q.allow_timeout_override) for q in levels]
+    default = policy.default_level
+
+    def hard(priority: Any, timeout_s: float | None) -> float | None:
+        level = priority or default
+        if type(level) is not int or not 1 <= level <= len(rules):
+            return timeout_s or None  # refused by the engine anyway
+        delay, own, override = rules[level - 1]
+        if delay:
+            return None
+        if timeout_s and override:
+            return min(own, timeout_s) if own else timeout_s
+        return own
+
+    return hard
 
 
 def _one_item(value: Any) -> Any:

@@ -123,6 +123,15 @@ class DynamicBatcher:
         """Requests and items waiting at each priority level (1 first)."""
         return tuple(LevelDepth(i, q.count, q.items) for i, q in enumerate(self._levels, 1))
 
+    def hard_deadline(self, request_id: RequestId) -> float:
+        """When queued request `request_id` must have ended: its deadline, or math.inf
+        (none, or its level's `timeout_action=delay` runs it late rather than fail it)."""
+        entry = self._queued.get(request_id)
+        if entry is None or self.policy.queue_policy(entry.level).timeout_action \
+                is TimeoutAction.DELAY:
+            return math.inf
+        return entry.deadline_s
+
     def take_failures(self) -> list[Failure]:
         """Requests the batcher ended without running them since the last call."""
         out, self._failures = self._failures, []

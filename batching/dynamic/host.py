@@ -10,20 +10,31 @@ shared with the sequence and iterative hosts).
 Dispatch: a batch goes to the replica with the fewest batches outstanding,
 at most `max_inflight` per replica (pipelining: the next batch waits at the
 replica while the current one runs). A replica that dies (`ReplicaDied`) is
-removed; its batches are retried once on another replica, then fail with
-`WorkerDied`; the batch of a replica that hung (`ReplicaHung`, past its time limit)
-is not retried: its requests fail with the client's error. A request ends exactly
-once: the ledger drops late parts. Every submit of one event-loop tick is batched
-together (the pump runs once per tick), which costs no added wait. Metrics: the
-`recorder` it is handed gets one value per batch sent and per batch back
-(`batching.metrics`); outcomes are counted per request in a dict and sampled with
-`snapshot()`.
+removed; each of its batches is sent once more, to another replica, where a request
+of it is still open and their latest deadline leaves the time a batch takes (else its
+requests fail with `WorkerDied`, 503; so do those of a batch whose second replica
+dies too); the batch of a replica that hung (`ReplicaHung`, past its time limit) is
+not retried: its requests fail with the client's error. A request ends exactly once:
+the ledger drops late parts (the answer of a replica given up on, should it come).
+Every submit of one event-loop tick is batched together (the pump runs once per
+tick), which costs no added wait. Metrics: the `recorder` it is handed gets one value
+per batch sent and per batch back (`batching.metrics`); outcomes are counted per
+request in a dict and sampled with `snapshot()`.
+
+Deadlines bound every wait: a batch out on a replica (or parked, waiting for one to
+run it again) waits for its answer until its requests' latest deadline plus
+`ANSWER_GRACE_S`, whatever its replica's connection does (a partition may keep it
+silent for minutes); then its open requests fail (`NoAnswerInTime`, 504; parked:
+`WorkerDied`, 503) and its replica slot stays taken until the call ends. One heap of
+(deadline, batch id) and the host's one timer, never a timer per batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -32,7 +43,7 @@ import numpy as np
 
 from batching.dynamic.batcher import DynamicBatcher
 from batching.dynamic.policy import DynamicPolicy
-from batching.errors import Cancelled, InvalidRequest, ServiceClosed, WorkerDied
+from batching.errors import Cancelled, InvalidRequest, NoAnswerInTime, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
 from batching.loop import (
     Dispatched,
@@ -54,6 +65,9 @@ from batching.tensors import TensorBatch, join_items
 from batching.types import Batch, Request, RequestId
 
 log = logging.getLogger(__name__)
+# After a batch's latest deadline, how long its answer may still come before its requests
+# fail: an answer due at the deadline is not cut off by a few milliseconds.
+ANSWER_GRACE_S = 0.1
 
 
 class ReplicaClient(Protocol):
@@ -88,6 +102,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.replica_deaths = 0
         self.retried_batches = 0
         self._parked: list[Dispatched] = []  # batches of a dead replica, waiting for a live one
+        self._answer_by: list[tuple[float, int]] = []  # heap: (deadline + grace, batch id)
 
     # -- replicas -------------------------------------------------------------------------
     @property
@@ -148,7 +163,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.engine.submit(request, self._clock())
         fut = self._loop.create_future()
         self.ledger.open(request)
-        self._open[request.id] = OpenRequest(fut, request, self._clock())
+        self._open[request.id] = OpenRequest(fut, request, self._clock(),
+                                             self.engine.hard_deadline(request.id))
         self._idle.clear()
         self._schedule_pump()
         return fut
@@ -213,20 +229,57 @@ class BatchHost(LoopHost[DynamicBatcher]):
 
     def _pump(self) -> None:
         self._pump_scheduled = False
-        self._unpark()
         now = self._clock()
+        if self._answer_by and self._answer_by[0][0] <= now:
+            self._end_overdue(now)
+        self._unpark()
         while (batch := self.engine.next_batch(now, self._free_slots(),
                                                self._idle_replicas())) is not None:
             self._dispatch(batch, self._pick())
         for failure in self.engine.take_failures():
             self._settle(self.ledger.fail(failure.request_id, failure.error))
-        self._arm_timer(self.engine.deadline(), now)
+        self._arm_timer(self._wake_at(), now)
+
+    def _wake_at(self) -> float | None:
+        """The engine's next deadline, or a batch's answer-by time if sooner."""
+        at = self.engine.deadline()
+        heap, inflight = self._answer_by, self._inflight
+        while heap and heap[0][1] not in inflight:  # answered: no wake-up for it
+            heapq.heappop(heap)
+        if heap and (at is None or heap[0][0] < at):
+            return heap[0][0]
+        return at
+
+    def _end_overdue(self, now: float) -> None:
+        """Fail the open requests of each batch whose answer-by time passed (see the note)."""
+        heap = self._answer_by
+        while heap and heap[0][0] <= now:
+            sent = self._inflight.get(heapq.heappop(heap)[1])
+            if sent is None:
+                continue
+            batch = sent.batch
+            if sent.parked:
+                self._parked.remove(sent)
+                self._finish(batch, None)
+                error: BaseException = WorkerDied(
+                    "the replica running this request's batch was lost, and no replica was "
+                    "free to run it again before its deadline: retry")
+            else:  # its call goes on, holding its slot; an answer, if any, is dropped
+                log.warning("no answer for batch %d (requests %s) by its deadline",
+                            batch.id, batch.ids[:8])
+                error = NoAnswerInTime(
+                    f"no answer came for this request's batch by its deadline (+"
+                    f"{ANSWER_GRACE_S:g} s): the replica running it is slow, hung or cut off")
+            self._settle(self.ledger.fail_batch(batch, error))
 
     def _unpark(self) -> None:
         # Parked batches are older than anything queued: they take free slots first, on a
         # new replica or on a live one that was full when their replica died.
         while self._parked and self._free_slots():
-            self._send(self._parked.pop(0), self._pick())
+            sent = self._parked.pop(0)
+            sent.parked = False
+            if self._may_resend(sent, "its replica was lost"):
+                self._send(sent, self._pick())
 
     def _pick(self) -> ReplicaSlot:
         return min((s for s in self._slots if s.inflight < self.max_inflight),
@@ -236,9 +289,12 @@ class BatchHost(LoopHost[DynamicBatcher]):
         now, open_, stats = batch.created_s, self._open, self.engine.stats
         default = self.policy.default_level
         waits, levels = [], []
+        latest = -math.inf  # the batch's latest deadline: its wait for an answer ends then
         for p in batch.parts:
+            rec = open_[p.request_id]
+            if rec.deadline_s > latest:
+                latest = rec.deadline_s
             if p.start == 0:  # a request counts its wait once, in the batch it starts in
-                rec = open_[p.request_id]
                 wait, n = now - rec.submitted_s, rec.request.requests
                 stats.record_queue(wait, n)
                 waits.extend((wait,) * n)
@@ -247,7 +303,9 @@ class BatchHost(LoopHost[DynamicBatcher]):
                                            tuple(waits), tuple(levels)))
         # The inputs are taken now, while every member is open: a member cancelled before
         # the batch is sent (or retried) must not take its batch-mates down with it.
-        sent = self._inflight[batch.id] = Dispatched(batch, self._inputs(batch))
+        sent = self._inflight[batch.id] = Dispatched(batch, self._inputs(batch), latest)
+        if latest != math.inf:
+            heapq.heappush(self._answer_by, (latest + ANSWER_GRACE_S, batch.id))
         self._send(sent, slot)
 
     def _send(self, sent: Dispatched, slot: ReplicaSlot) -> None:
@@ -302,6 +360,10 @@ class BatchHost(LoopHost[DynamicBatcher]):
             self._settle(self.ledger.fail_batch(batch, why))
             self._schedule_pump()
             return
+        if not self._may_resend(sent, f"the replica running this request's batch was lost "
+                                      f"({error})"):
+            self._schedule_pump()
+            return
         sent.retried = True
         self.retried_batches += 1
         live = [s for s in self._slots if s.inflight < self.max_inflight]
@@ -311,7 +373,26 @@ class BatchHost(LoopHost[DynamicBatcher]):
                         target.client.name)
             self._send(sent, target)
         else:
+            sent.parked = True
             self._parked.append(sent)  # _unpark sends it when a slot frees up
+
+    def _may_resend(self, sent: Dispatched, why: str) -> bool:
+        """Whether the batch of a lost replica may run again: some request of it is still
+        open, and their latest deadline leaves the time a batch takes. If not, it ends
+        here, its open requests with `WorkerDied` (503: nothing of it is known to have
+        run, a retry is safe for a stateless model)."""
+        batch = sent.batch
+        if not any(p.request_id in self.ledger for p in batch.parts):
+            self._finish(batch, None)  # every request ended meanwhile (deadline, cancel)
+            return False
+        latency = self.engine.latency
+        need_s = latency.predict(batch.cost) if latency.observed else 0.0
+        if sent.deadline_s - self._clock() > need_s:
+            return True
+        self._finish(batch, None)
+        self._settle(self.ledger.fail_batch(batch, WorkerDied(
+            f"{why}, too near its deadline to run it again elsewhere: retry")))
+        return False
 
     def _inputs(self, batch: Batch) -> Any:
         """The batch's items as one contiguous array (or TensorBatch) when they are

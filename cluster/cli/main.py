@@ -107,11 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from cluster.modelpath import ConfigError
+    from cluster.rayauth import AuthError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as e:  # the message says what to fix; a traceback would bury it
+    except (ConfigError, AuthError) as e:  # the message says what to fix, not a traceback
         print(f"raybatch {args.command}: {e}", file=sys.stderr)
         return 2
 

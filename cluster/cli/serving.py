@@ -20,12 +20,15 @@ import os
 import threading
 from typing import Any
 
+from cluster.rayauth import add_token_file_argument, connect_here
+
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: the bundled demo)")
     p.add_argument("--address", help="join this Ray cluster instead of starting a local one "
                                       "(its nodes advertise NUMA resources when started with "
                                       "`raybatch join`)")
+    add_token_file_argument(p)
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
     p.add_argument("--native-port", type=int, metavar="PORT",
@@ -78,6 +81,10 @@ def up(args: argparse.Namespace) -> int:
             return 1
     import ray
 
+    if args.address:  # the cluster's token auth, before anything of Ray's connects
+        auth_note = connect_here(args.address, args.auth_token_file)
+        if auth_note:
+            print(auth_note, flush=True)
     preload = _import_in_background("ray.serve", "deployments.app")
     node = {} if args.address else local_node_options(args.sysfs_root)
     if args.metrics_port and not args.address:
@@ -342,6 +349,7 @@ def _example_input(tensor: Any) -> dict[str, Any]:
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
     p.add_argument("--app", default="raybatch", help="application name")
+    add_token_file_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--watch", action="store_true",
                    help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
@@ -360,9 +368,13 @@ def status(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from cluster.cli.nodes import fetch_annotated, ingress_lines, placement_lines
+
     _quiet_token_auth_notice()
+    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
     ray.init(address=args.address, log_to_driver=False)
     stats = serve.get_app_handle(args.app).status.remote().result(timeout_s=30)
+    stats = fetch_annotated(stats, args.app)  # the node of each replica and actor
     if args.json:
         print(json.dumps(stats, indent=2, default=str))
         return 0
@@ -374,12 +386,17 @@ def status(args: argparse.Namespace) -> int:
                 "pinned" if r.get("pinned") else "unpinned"
             if r.get("read_ahead"):
                 pinned += ", reads ahead"
+            host = f" (host {r['node_ip']})" if r.get("node_ip") else ""
             where = (f"node {(r.get('node_id') or '?')[:8]} cpus {r.get('cpus')} "
-                     f"numa {_dash(r.get('numa_node'))} {pinned} gpus {r.get('gpus')}")
+                     f"numa {_dash(r.get('numa_node'))} {pinned} gpus {r.get('gpus')}{host}")
             ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "
                      f"warm-up {r.get('warmup_s', 0):.2f})" if "ready_s" in r else "")
             print(f"  replica-{r['index']}: {r['state']}, {where}, "
                   f"{r.get('outstanding_batches', 0)} outstanding{ready}")
+        for line in placement_lines(s):  # the batching actors' nodes
+            print(line)
+    for line in ingress_lines(stats):
+        print(line)
     return 0
 
 

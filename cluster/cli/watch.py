@@ -6,9 +6,9 @@ changed since the previous look: requests and errors per second, what is queued,
 how full the batches were (items per batch against the batch limit; sequences per
 step for a generative model), the p50 and p99 queue wait (from the actors'
 bucketed waits, interpolated as Prometheus's histogram_quantile does), and the
-replicas running and pending. The first frame has no previous look: rates are
-"-", fill and waits cover the app's lifetime. The views are plain functions of
-two statistics dicts, so they are tested without Ray.
+replicas running (and on how many nodes) and pending. The first frame has no
+previous look: rates are "-", fill and waits cover the app's lifetime. The views are
+plain functions of two statistics dicts, so they are tested without Ray.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class ModelView:
     wait_p99_s: float | None
     running: int
     pending: int
+    nodes: int = 0  # the nodes the running replicas are on (0: not reported)
 
 
 def _ended(s: dict[str, Any]) -> tuple[float, float]:
@@ -84,7 +85,9 @@ def model_view(model: str, cur: dict[str, Any], prev: dict[str, Any] | None,
         model, cur.get("kind", "dynamic"),
         (ended - ended0) / dt_s if rate else None, (failed - failed0) / dt_s if rate else None,
         _queued(cur), fill, limit, quantile(0.5, waits), quantile(0.99, waits),
-        sum(st == "ALIVE" for st in states), sum(st == "PENDING" for st in states))
+        sum(st == "ALIVE" for st in states), sum(st == "PENDING" for st in states),
+        len({r["node_id"] for r in cur.get("replica_info", [])
+             if r.get("state") == "ALIVE" and r.get("node_id")}))
 
 
 def duration(seconds: float | None) -> str:
@@ -104,7 +107,8 @@ def _rate(value: float | None) -> str:
 
 def row(v: ModelView) -> tuple[str, ...]:
     fill = "-" if v.fill is None else f"{v.fill:.0%} of {v.limit}"
-    replicas = str(v.running) + (f" +{v.pending} pending" if v.pending else "")
+    replicas = str(v.running) + (f" +{v.pending} pending" if v.pending else "") + (
+        f" on {v.nodes} node{'s' if v.nodes > 1 else ''}" if v.nodes else "")
     return (v.model, v.kind, _rate(v.req_s), _rate(v.err_s), v.queued, fill,
             duration(v.wait_p50_s), duration(v.wait_p99_s), replicas)
 
@@ -143,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from cluster.rayauth import connect_here
+
+    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
     ray.init(address=args.address, log_to_driver=False)
     handle = serve.get_app_handle(args.app)
     tty = sys.stdout.isatty()

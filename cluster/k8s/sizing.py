@@ -18,7 +18,7 @@ the manifests would otherwise deploy a replica that stays pending forever.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cluster.config import ConfigError, ModelConfig, RaybatchConfig
@@ -132,6 +132,7 @@ def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan
     gpu: list[Demand] = []
     first = k8s.cpu_workers[0]
     ingress = config.ingress
+    _check_advertised("ingress.resources", ingress.resources)
     if config.ingress_num_cpus:
         demand = Demand("the ingress", Ask(cpus=config.ingress_num_cpus), ingress.num_replicas,
                         ingress.num_replicas)
@@ -171,12 +172,20 @@ def _plan(workers: CpuWorkers | GpuWorkers, gpu: bool, demands: Sequence[Demand]
 
 
 def _check_resources(model: ModelConfig) -> None:
-    other = sorted(k for k in model.replicas.resources if k not in
-                   {f"numa{n}" for n in numa_amounts(model.replicas.resources)})
+    for field, asked in (("replicas.resources", model.replicas.resources),
+                         ("batcher.resources", model.batcher.resources)):
+        _check_advertised(f"model {model.name!r}: {field}", asked)
+
+
+def _check_advertised(what: str, resources: Mapping[str, float]) -> None:
+    """Custom resources (`replicas`, `batcher`, `ingress`): the rendered pods advertise
+    numa<N> only, so anything else would stay pending forever."""
+    other = sorted(k for k in resources if k not in
+                   {f"numa{n}" for n in numa_amounts(resources)})
     if other:
-        raise RenderError(f"model {model.name!r}: replicas.resources names {other}, which no "
-                          f"rendered worker group advertises (they advertise numa<N> only): "
-                          f"remove it, or such replicas stay pending forever")
+        raise RenderError(f"{what} names {other}, which no rendered worker group "
+                          f"advertises (they advertise numa<N> only): remove it, or what "
+                          f"asks for it stays pending forever")
 
 
 def _check_gpu(model: ModelConfig, replica: Demand, gpus: GpuWorkers | None) -> Demand:

@@ -10,9 +10,12 @@ CPU 1, so pinning really happens. The head node advertises `numa0: 1`, the other
 node `numa1: 1` (as `raybatch join` would for two one-core machines). A model with
 two pinned replicas of one core each is deployed; the pool must send one replica to
 each node (back to back, before Ray counts the first), and each replica must pin
-to its node's CPU. Prints one line, `RESULT {json}`: the nodes, the replicas as
-`raybatch status --json` reports them (read back inside each actor), and the text
-of `raybatch status`.
+to its node's CPU. Two more models (`SPREAD`, sharing one batching actor), with two
+unpinned replicas each and no placement of their own, must get one replica on each node
+(`replicas.spread`); their batching actor asks for a resource only the other node has,
+the ingress for one only the head has, and each must run there. Prints one line,
+`RESULT {json}`: the nodes, the replicas as `raybatch status --json` reports them (read
+back inside each actor), and the text of `raybatch status`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "raybatch-multinode"
+SPREAD = ("spread-a", "spread-b")
+TENSORS = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+           "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]}
 
 
 def fake_sysfs(root: Path) -> None:
@@ -45,10 +51,15 @@ def fake_sysfs(root: Path) -> None:
 def config(env: dict[str, str]):
     from cluster.config import load_config
 
+    spread = [{"name": name, "transformer": "deployments.models:Square", **TENSORS,
+               # one batching actor for both, placed on the worker by its resource
+               "batcher": {"placement": "actor", "group": "spread", "resources": {"back": 0.01}},
+               "replicas": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 0.25,
+                            "pin": "off", "env": env}} for name in SPREAD]
     return load_config({
         "app_name": APP,
-        "ingress": {"num_cpus": 0, "route_prefix": "/multinode"},
-        "models": [{
+        "ingress": {"num_cpus": 0, "route_prefix": "/multinode", "resources": {"front": 0.01}},
+        "models": [*spread, {
             "name": "square", "transformer": "deployments.models:Square",
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
             "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
@@ -110,10 +121,10 @@ def main(workdir: Path) -> None:
     os.environ.update(env)
     os.chdir(ROOT)  # workers put the driver's directory on sys.path
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {"numa0": 1}, "include_dashboard": False,
+        "num_cpus": 3, "resources": {"numa0": 1, "front": 1}, "include_dashboard": False,
         "labels": {"raybatch.io/primary-numa": "0"}})
     try:
-        cluster.add_node(num_cpus=1, resources={"numa1": 1, "far": 1},
+        cluster.add_node(num_cpus=2, resources={"numa1": 1, "far": 1, "back": 1},
                          labels={"raybatch.io/primary-numa": "1"})
         ray.init(address=cluster.address, log_to_driver=False)
         nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("numa"))
@@ -122,9 +133,14 @@ def main(workdir: Path) -> None:
         handle = serve.run(build_app(config(env)), name=APP, route_prefix="/multinode")
         out = handle.infer.remote("square", {"INPUT0": np.array([3.0], np.float32)})
         squared = out.result(timeout_s=60)["OUTPUT0"].tolist()
-        replicas = json.loads(status(cluster.address, "--json"))["square"]["replica_info"]
+        for name in SPREAD:  # every model answers
+            out = handle.infer.remote(name, {"INPUT0": np.array([2.0], np.float32)})
+            squared += out.result(timeout_s=60)["OUTPUT0"].tolist()
+        stats = json.loads(status(cluster.address, "--json"))
+        replicas = stats["square"]["replica_info"]
         far, far_info = asyncio.run(far_batches())
         print("RESULT " + json.dumps({"nodes": nodes, "replicas": replicas, "squared": squared,
+                                      "spread": {m: stats[m] for m in SPREAD},
                                       "far": far, "far_replica": far_info,
                                       "head_ip": ray.util.get_node_ip_address(),
                                       "status_text": status(cluster.address)}), flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import ClassVar
 
 import pytest
 
@@ -16,6 +17,7 @@ from cluster.raynode import (
     NodeNuma,
     NumaChooser,
     autoscale_labels,
+    merge_node_options,
     node_labels,
     node_resources,
     numa_amounts,
@@ -71,6 +73,115 @@ def test_join_dry_run_prints_the_ray_start_command(two_socket, capsys):
     assert env.startswith("with RAY_SERVE_THROUGHPUT_OPTIMIZED=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=1")
     assert main(["join", "--dry-run", "--sysfs-root", str(two_socket.root)]) == 2
     assert "exactly one of --address" in capsys.readouterr().err
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_a_users_resources_and_labels_merge_with_the_nodes(two_socket):
+    topo = discover(two_socket.root)
+    argv = ray_start_argv(topo, address="h:1", extra=[
+        "--resources", '{"accel": 2, "numa1": 4}', "--object-store-memory", "1",
+        "--labels=zone=a, raybatch.io/gpus=1"])
+    assert json.loads(flag(argv, "--resources")) == {"numa0": 8, "numa1": 4, "accel": 2}
+    labels = dict(kv.split("=") for kv in flag(argv, "--labels").split(","))
+    assert labels == {**node_labels(topo), "zone": "a", "raybatch.io/gpus": "1"}
+    assert argv.count("--resources") == argv.count("--labels") == 1
+    assert argv[-3:] == ["--block", "--object-store-memory", "1"]
+    notes = merge_node_options(topo, ["--resources={\"numa1\": 4, \"numa0\": 8}"]).notes
+    assert notes == ["note: the resource numa1=4 you passed replaces Raybatch's numa1=8"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--resources", "{accel: 1}"], r"--resources '\{accel: 1\}' is not valid JSON \("
+                                    r"Expecting property name .* e\.g\. --resources"),
+    (["--resources", "[1]"], "is not a JSON object"),
+    (["--resources", '{"x": "many"}'], "x='many' must be a number >= 0"),
+    (["--resources", '{"x": -1}'], "x=-1 must be a number >= 0"),
+    (["--resources"], "--resources needs a value"),
+    (["--labels", "zone"], "'zone' is not key=value"),
+])
+def test_invalid_resources_or_labels_are_refused_with_the_fix(two_socket, extra, message):
+    with pytest.raises(ValueError, match=message):
+        ray_start_argv(discover(two_socket.root), head=True, extra=extra)
+
+
+def test_join_says_what_it_merged_and_refuses_what_it_cannot(two_socket, capsys):
+    root = str(two_socket.root)
+    assert main(["join", "--address", "10.0.0.1:6379", "--sysfs-root", root, "--dry-run",
+                 "--", "--resources", '{"numa0": 2, "gpu_slot": 1}']) == 0
+    out = capsys.readouterr().out
+    assert """'{"gpu_slot": 1, "numa0": 2, "numa1": 8}'""" in out
+    assert "note: the resource numa0=2 you passed replaces Raybatch's numa0=8" in out
+    assert main(["join", "--head", "--sysfs-root", root, "--dry-run",
+                 "--", "--resources", "{'x': 1}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybatch join: --resources \"{'x': 1}\" is not valid JSON"), err
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A home of the test's own and no RAY_AUTH_* of the caller's."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path / "home"
+
+
+class FakeRayStart:
+    """subprocess.Popen for `ray start`: records the environment, ends at once."""
+
+    calls: ClassVar[list[dict]] = []
+
+    def __init__(self, argv, env):
+        FakeRayStart.calls.append({"argv": argv, "env": env})
+
+    def wait(self):
+        return 0
+
+
+def test_join_head_turns_token_auth_on_and_makes_a_token_where_none_is(
+        two_socket, home, monkeypatch, capsys):
+    monkeypatch.setattr("subprocess.Popen", FakeRayStart)
+    FakeRayStart.calls = []
+    assert main(["join", "--head", "--sysfs-root", str(two_socket.root)]) == 0
+    token = (home / ".ray" / "auth_token").read_text()
+    env = FakeRayStart.calls[0]["env"]
+    assert env["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" not in env
+    out = capsys.readouterr().out
+    assert f"token authentication: on, the token in {home}/.ray/auth_token" in out
+    assert token not in out
+
+
+def test_join_brings_the_token_a_head_asks_for(two_socket, home, tmp_path, monkeypatch,
+                                               capsys):
+    from cluster import rayauth
+
+    token = tmp_path / "cluster-token"
+    token.write_text("the-clusters-token")
+    asked = []
+
+    def head(address, sent, timeout_s):
+        asked.append((address, sent))
+        return rayauth.Reply.ACCEPTED if sent == "the-clusters-token" else \
+            rayauth.Reply.REFUSED
+
+    monkeypatch.setattr(rayauth, "probe_gcs", head)
+    monkeypatch.setattr(rayauth, "resolve_address", lambda address: address)
+    monkeypatch.setattr("subprocess.Popen", FakeRayStart)
+    FakeRayStart.calls = []
+    argv = ["join", "--address", "10.0.0.1:6379", "--sysfs-root", str(two_socket.root)]
+    assert main(argv) == 2  # no token here
+    err = capsys.readouterr().err
+    assert "raybatch join: the Ray cluster at 10.0.0.1:6379 asks for an authentication " \
+           "token and there is none here" in err
+    assert main([*argv, "--auth-token-file", str(token)]) == 0
+    env = FakeRayStart.calls[0]["env"]
+    assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN_PATH"]) == ("token", str(token))
+    assert asked[-2:] == [("10.0.0.1:6379", None), ("10.0.0.1:6379", "the-clusters-token")]
+    out = capsys.readouterr().out
+    assert "the-clusters-token" not in out + " ".join(FakeRayStart.calls[0]["argv"])
 
 
 def test_up_gives_the_local_node_its_numa_resources(container, monkeypatch, capsys):

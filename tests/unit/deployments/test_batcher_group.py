@@ -91,3 +91,20 @@ def test_each_model_of_a_shared_actor_keeps_its_own_engine(monkeypatch):
     assert len(stats["sq"]["replica_info"]) == len(stats["plus1"]["replica_info"]) == 1
     assert drained["drained"] is True and drained["open_requests"] == 0
     assert isinstance(late[0][2], Draining) and "models 'sq', 'plus1'" in str(late[0][2])
+
+
+def test_batching_actors_and_the_ingress_are_placed_as_the_config_says():
+    place = {"resources": {"head": 0.001}, "labels": {"role": "front"}}
+    cfg = load_config({"app_name": "t", "ingress": {"resources": {"front": 0.01},
+                                                    "labels": {"zone": "in(a,b)"}},
+                       "models": [model("a", batcher={**GROUPED["batcher"], **place}),
+                                  model("b", batcher={**GROUPED["batcher"], **place}),
+                                  model("solo", batcher={"placement": "actor"})]})
+    deployment = build_app(cfg)._bound_deployment
+    actors = {a.name: a for a in deployment._deployment_config.deployment_actors}
+    group = actors["batcher-group-small"].actor_options
+    assert group["resources"] == {"head": 0.001} and group["label_selector"] == {"role": "front"}
+    assert "resources" not in actors["batcher-solo"].actor_options
+    ingress = deployment._replica_config.ray_actor_options
+    assert ingress["resources"] == {"front": 0.01}
+    assert ingress["label_selector"] == {"zone": "in(a,b)"}

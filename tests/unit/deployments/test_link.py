@@ -419,7 +419,7 @@ def test_a_stand_in_with_no_address_is_not_dialled(caplog):
     """The engine in the ingress stands in for a batching actor (`client._ViaIngress`): it
     has no `link_address`, so no connection is tried and nothing is said in the log."""
     from deployments.client import _ViaIngress
-    from deployments.link import Dialer
+    from deployments.dialer import Dialer
 
     async def main() -> Dialer:
         dialer = Dialer("the batching actor")

@@ -124,3 +124,18 @@ def test_in_process_replicas_are_asked_for_by_their_engines_process():
     asks = {d.what: (d.ask.cpus, d.count_min, d.count_max) for p in plans for d in p.demands}
     assert asks == {"the ingress": (0.5 + 2, 1, 1),
                     "model 'b' batching actor": (0.25 + 1.0, 1, 1)}
+
+
+@pytest.mark.parametrize("top, message", [
+    ({"models": [{**model(num_cpus=1), "batcher": {"placement": "actor",
+                                                   "resources": {"head": 0.001}}}]},
+     r"model 'square': batcher\.resources names \['head'\], which no rendered worker group "
+     r"advertises"),
+    ({"ingress": {"resources": {"front": 0.001}}},
+     r"ingress\.resources names \['front'\], which no rendered worker group advertises"),
+])
+def test_batching_actors_and_the_ingress_ask_no_resource_no_pod_has(top, message):
+    rest = {k: v for k, v in top.items() if k != "models"}
+    config = make_config(*top.get("models", [model(num_cpus=1)]), **rest)
+    with pytest.raises(RenderError, match=message):
+        plan_groups(config, config.kubernetes)
