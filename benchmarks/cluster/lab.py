@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -64,6 +65,21 @@ def _links() -> list[str]:
 def _netns() -> list[str]:
     return sorted(n for n in os.listdir(NETNS_DIR) if n.startswith(PREFIX)) \
         if NETNS_DIR.is_dir() else []
+
+
+_SAFE = re.compile(r"[A-Za-z0-9._-]+\Z")
+
+
+def _kept_in_tmp() -> list[str]:
+    """The folders of /tmp a host must still see under its own /tmp: those holding this
+    checkout or this Python (a checkout in /tmp, as CI's may be, would vanish otherwise)."""
+    tmp = Path("/tmp")
+    keep = set()
+    for p in (Path(__file__).resolve(), Path(sys.prefix).resolve(),
+              Path(sys.executable).resolve()):
+        if p.is_relative_to(tmp) and len(p.parts) > 2 and _SAFE.match(p.parts[2]):
+            keep.add(p.parts[2])
+    return sorted(keep)
 
 
 def _mounts() -> list[str]:
@@ -209,9 +225,12 @@ class Lab(RayOnLab):
         joins = "".join(f"echo $$ > {shlex.quote(str(f))} && "
                         for f in self._cg().procs_files(name))
         if host is not None:  # the bind mount is in this process's own mount namespace
+            keep = "".join(f'mkdir -p "$0/{d}" && mount --bind /tmp/{d} "$0/{d}" && '
+                           for d in _kept_in_tmp())
             argv = ["nsenter", f"--net={NETNS_DIR / name}", "--", "unshare", "--mount",
                     "--propagation", "private", "--", "sh", "-c",
-                    'mount --bind "$0" /tmp && exec "$@"', str(self.tmp_dir(host)), *argv]
+                    keep + 'mount --rbind "$0" /tmp && exec "$@"', str(self.tmp_dir(host)),
+                    *argv]
         out = open(log, "ab") if log is not None else None  # noqa: SIM115 (Popen dups it)
         try:
             if out is not None:
