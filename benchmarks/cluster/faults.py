@@ -94,26 +94,36 @@ class Serving:
     head: str
     env: dict[str, str]
     native_port: int
+    logs: Path | None = None
 
-    def status(self) -> dict[str, Any]:
-        """The model's `raybatch status --json` (each part's `node_ip`); {} if unreadable."""
+    def status(self, model: str = MODEL) -> dict[str, Any]:
+        """`model`'s `raybatch status --json` (each part's `node_ip`); {} if unreadable."""
         st = self.lab.run(None, [RB, "status", "--address", self.head, "--app", APP, "--json"],
                           env=self.lab.ray_env(self.env), cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True)
         try:
-            return json.loads(st.communicate(timeout=60)[0])[MODEL]
+            return json.loads(st.communicate(timeout=60)[0])[model]
         except (ValueError, KeyError, subprocess.TimeoutExpired):
             st.kill()
             return {}
 
-    def replicas(self) -> list[str]:  # the node address of each ALIVE replica
-        return sorted(r.get("node_ip") or "?" for r in self.status().get("replica_info", [])
+    def replicas(self, model: str = MODEL) -> list[str]:  # each ALIVE replica's node address
+        return sorted(r.get("node_ip") or "?" for r in self.status(model).get("replica_info", [])
                       if r.get("state") == "ALIVE")
+
+    def join(self, host: int) -> None:
+        """`raybatch join` on `host` (as serving() joins its hosts); does not wait for it."""
+        log = None if self.logs is None else self.logs / f"host{host}.log"
+        self.lab.join(host, self.head, num_cpus=1, resources={"labhost": 1}, log=log)
 
 
 @contextmanager
-def serving(hosts: int, cpus: float, replicas: int, logs: Path) -> Iterator[Serving]:
-    """A lab, Ray on it, the app up (`raybatch up --address`), its replicas ALIVE."""
+def serving(hosts: int, cpus: float, replicas: int, logs: Path,
+            config: dict[str, Any] | None = None, joined: int | None = None
+            ) -> Iterator[Serving]:
+    """A lab, Ray on it, the app up (`raybatch up --address`), `MODEL`'s replicas ALIVE.
+    `config`: the app's (default `app_config(replicas)`); `joined`: the hosts joined before
+    it is deployed (default all of them; `Serving.join` joins the others later)."""
     import yaml
 
     from benchmarks.cluster.lab import Lab
@@ -126,11 +136,13 @@ def serving(hosts: int, cpus: float, replicas: int, logs: Path) -> Iterator[Serv
                "RAY_SERVE_HAPROXY_METRICS_PORT": str(p["metrics"])}
         head = lab.start_head(num_cpus=1, ray_args=["--resources", '{"labhead": 1}'], env=env,
                               log=logs / "head.log")
-        for h in range(hosts):
-            lab.join(h, head, num_cpus=1, resources={"labhost": 1}, log=logs / f"host{h}.log")
-        lab.wait_nodes(head, hosts + 1, timeout_s=120)
+        s = Serving(lab, head, env, p["native"], logs)
+        joined = hosts if joined is None else joined
+        for h in range(joined):
+            s.join(h)
+        lab.wait_nodes(head, joined + 1, timeout_s=120)
         cfg = logs / "config.yaml"
-        cfg.write_text(yaml.safe_dump(app_config(replicas), sort_keys=False))
+        cfg.write_text(yaml.safe_dump(config or app_config(replicas), sort_keys=False))
         up = lab.run(None, [RB, "up", "--address", head, "--config", str(cfg), "--host",
                             "0.0.0.0", "--port", str(p["http"]), "--native-port",
                             str(p["native"]), "--grpc-port", str(p["grpc"]),
@@ -138,7 +150,6 @@ def serving(hosts: int, cpus: float, replicas: int, logs: Path) -> Iterator[Serv
                      env=lab.ray_env(env), log=logs / "up.log", cwd=REPO)
         if up.wait(timeout=300) != 0:
             raise RuntimeError(f"raybatch up failed: see {logs / 'up.log'}")
-        s = Serving(lab, head, env, p["native"])
         give_up = time.monotonic() + 120
         while len(s.replicas()) < replicas:
             if time.monotonic() > give_up:
