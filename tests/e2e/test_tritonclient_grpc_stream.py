@@ -216,8 +216,10 @@ def stats_after_hang_up(app, before: dict, model: str = "tinylm",
     return stats
 
 
-# tinylm-local: the engine in the ingress replica; 8000 tokens, as its HTTP twin asks
-@pytest.mark.parametrize("model, max_tokens", [("tinylm", 2000), ("tinylm-local", 8000)])
+# tinylm-local's 8,000 tokens, as its HTTP twin asks: Serve's gRPC proxy may pass a hang-up
+# on seconds late on a loaded machine, and tinylm's 2,000 (its context is 2,048) could end
+# first. The batching actor's side of a cancel is the same call as for SSE (test_generate.py).
+@pytest.mark.parametrize("model, max_tokens", [("tinylm-local", 8000)])
 def test_stop_stream_with_cancel_requests_ends_the_generation(app, model, max_tokens):
     before = app.stats(model)
     s = Stream(app)
