@@ -28,7 +28,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -246,15 +245,9 @@ def measure(lab: Lab, k: int, base: str, model: MatChain, args: argparse.Namespa
 
 # -- the run --------------------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
-                .splitlines() if ln.startswith("model name")), platform.processor())
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
-                         capture_output=True, text=True).stdout.strip()
-    import ray
+    from benchmarks.cluster.faults_report import machine as described
 
-    return {"cpu": cpu, "cpus": os.cpu_count(), "kernel": platform.release(),
-            "python": platform.python_version(), "ray": ray.__version__,
-            "numpy": np.__version__, "git": git, "load_start": os.getloadavg()}
+    return {**described(), "numpy": np.__version__}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
