@@ -17,8 +17,8 @@ by a REPLY (its value) or an ERROR (the exception it raised) with its id; CANCEL
 (caller, keys) has no answer; PING is answered with a PONG at once
 (`deployments.keepalive`). One connection is read in order, so a
 cancel sent after its bundle is seen after it, as with Ray calls. A sync actor (a
-replica) serves from a loop on a thread of its own (`ThreadedLinkServer`), its calls on
-other threads, so that loop always answers pings, however long a batch runs.
+replica) serves on plain threads instead (`deployments.link_threads`), answering pings
+however long a batch runs.
 Failure: a connection that ends, or that the caller's heartbeat takes for lost (nothing
 heard for `replicas.link_dead_s` while a call or a ping is open: a host that lost power
 or is cut off sends no FIN), fails each call still open on it with `LinkLost` (the
@@ -37,10 +37,8 @@ import logging
 import pickle
 import secrets
 import struct
-import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching.errors import WorkerDied
@@ -133,9 +131,6 @@ class _Served(_Framing):
         if kind == PING:  # answered here, on the loop, whatever runs: no work in it
             self.transport.write(_frame(cid, PONG, b""))
             return
-        if kind == INFER and self.server.raw:  # its call's thread reads and writes it
-            self._start(cid, self.server.infer(payload))
-            return
         try:
             args = pickle.loads(payload)
         except Exception:
@@ -164,13 +159,6 @@ class _Served(_Framing):
         if task.cancelled() or self.transport is None or self.transport.is_closing():
             return
         error = task.exception()
-        if error is None and self.server.raw:  # (kind, its payload), or unreadable: None
-            kind, data = task.result()
-            if kind is None:
-                self.transport.abort()
-            else:
-                self.transport.write(_frame(cid, kind, data))
-            return
         try:
             frame = (_frame(cid, REPLY, pickle.dumps(task.result(), protocol=5))
                      if error is None else _frame(cid, ERROR, pickle.dumps(error, protocol=5)))
@@ -191,14 +179,13 @@ class _Served(_Framing):
 class LinkServer:
     """The actor's side: runs `infer(bundle, caller, sent)` and `cancel(caller, keys)` for
     each caller that connects with the token; answers pings; `keepalive`: its TCP
-    keepalive (a caller that vanished ends its connection). `raw`: `infer(payload)` gets
-    an INFER frame's bytes and answers `(kind, payload)` (`ThreadedLinkServer`)."""
+    keepalive (a caller that vanished ends its connection)."""
 
     def __init__(self, infer: Callable[..., Awaitable[Any]],
                  cancel: Callable[..., Awaitable[Any]],
-                 keepalive: Keepalive = DEFAULT, raw: bool = False) -> None:
+                 keepalive: Keepalive = DEFAULT) -> None:
         self.infer, self.cancel = infer, cancel
-        self.keepalive, self.raw = keepalive, raw
+        self.keepalive = keepalive
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.servers: dict[str, asyncio.AbstractServer] = {}
         self.connections: set[_Served] = set()
@@ -347,63 +334,3 @@ class Link(_Framing):
         if self.transport is not None:
             self.transport.close()
 
-
-class ThreadedLinkServer:
-    """A `LinkServer` for a sync actor (a model replica): its own event loop on a thread of
-    its own, which only moves frames and answers pings however long a batch runs; each
-    call is read (unpickled), run (`fn(*args)`) and its answer written on one of `workers`
-    threads (the replica's pipeline slots): with two, the next batch is read while one
-    runs; with one, one batch at a time, in order, the next read only once one has ended
-    (as a CPU replica wants: that work would compete with its model for its cores).
-    `initializer` runs first on each of these threads (a replica pins them to its cores)."""
-
-    def __init__(self, fn: Callable[..., Any], workers: int,
-                 initializer: Callable[[], None] | None = None,
-                 keepalive: Keepalive = DEFAULT) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.calls = 0  # calls served
-        ready = threading.Event()
-
-        def serve() -> None:
-            if initializer is not None:
-                initializer()
-            ready.set()
-            self.loop.run_forever()
-
-        threading.Thread(target=serve, name="link", daemon=True).start()
-        ready.wait()
-        pool = ThreadPoolExecutor(max(workers, 1), thread_name_prefix="link-call",
-                                  initializer=initializer)
-
-        async def call(payload: bytes) -> tuple[int | None, bytes]:
-            self.calls += 1
-            return await asyncio.get_running_loop().run_in_executor(pool, _run_frame, fn,
-                                                                    payload)
-
-        async def cancel(*args: Any) -> int:
-            return 0  # a batch sent to a replica runs: its caller drops what it gave up on
-
-        self.server = LinkServer(call, cancel, keepalive, raw=True)
-
-    def address(self, host: str) -> tuple[str, int, bytes]:
-        return asyncio.run_coroutine_threadsafe(self.server.address(host), self.loop).result(30)
-
-
-def _run_frame(fn: Callable[..., Any], payload: bytes) -> tuple[int | None, bytes]:
-    """On a call's thread: its arguments from `payload`, `fn(*args)`, and its answer as
-    (REPLY or ERROR, pickled); (None, b"") for a frame that is not a call's arguments."""
-    try:
-        args = pickle.loads(payload)
-    except Exception:
-        log.exception("an unreadable frame on a direct connection; closing it")
-        return None, b""
-    if type(args) is not tuple:
-        return None, b""
-    try:
-        value, kind = fn(*args), REPLY
-    except BaseException as e:  # the call's error, sent back as a Ray call's would be
-        value, kind = e, ERROR
-    try:
-        return kind, pickle.dumps(value, protocol=5)
-    except Exception as e:  # an answer that does not pickle: the call's error says so
-        return ERROR, pickle.dumps(WorkerDied(f"the answer could not be sent back: {e!r}"))

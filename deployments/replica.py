@@ -57,7 +57,7 @@ from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
 from deployments.dialer import listen_host
 from deployments.heap import freeze_startup_heap
 from deployments.keepalive import Keepalive
-from deployments.link import ThreadedLinkServer
+from deployments.link_threads import ThreadedLinkServer
 from deployments.metrics import ReplicaMetrics
 from deployments.warmup import warm_up
 
@@ -162,8 +162,8 @@ class ModelReplica:
         (`replicas.link`, `deployments.link`): 127.0.0.1 for a caller on this node, this
         node's address for one elsewhere; with the token it must send first. Each batch
         runs as `run` does: on the device thread when it reads ahead (the connection's
-        threads only read and write), else on the connection's one call thread, pinned
-        where the replica is; the connection's loop answers pings meanwhile."""
+        threads only read and write), else on the thread that read it, pinned where the
+        replica is (`deployments.link_threads`: pings are answered meanwhile)."""
         if not self.DEVICE_THREAD or self.in_process:
             raise RuntimeError("only a dynamic model's replica actor takes batches on a link")
         if self._link is None:
@@ -189,7 +189,7 @@ class ModelReplica:
             "read_ahead": self._device is not None,
             # batches taken on the engine's direct connection (replicas.link)
             "link_batches": self._link.calls if self._link is not None else 0,
-            "link_hosts": sorted(self._link.server.servers) if self._link is not None else [],
+            "link_hosts": sorted(self._link.listeners) if self._link is not None else [],
             **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,

@@ -243,7 +243,19 @@ class Lab(RayOnLab):
             if out is not None:
                 out.close()
         self._procs.append(proc)
+        self._joined(proc, name)
         return proc
+
+    def _joined(self, proc: subprocess.Popen, name: str) -> None:
+        """Return once `proc` is in each of its cgroups (or has ended): a close() that came
+        between its fork and its joining would miss it, and wait on it."""
+        files = self._cg().procs_files(name)
+        give_up = time.monotonic() + 10.0
+        while proc.poll() is None and time.monotonic() < give_up:
+            with contextlib.suppress(FileNotFoundError):
+                if all(str(proc.pid) in f.read_text().split() for f in files):
+                    return
+            time.sleep(0.002)
 
     def pids(self, host: int | None) -> set[int]:
         return self._cg().pids(HEAD_CGROUP if host is None else self._host(host))

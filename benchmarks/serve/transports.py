@@ -41,7 +41,7 @@ class Replica:
         return _process_cpu_s()
 
     def link_address(self) -> tuple[str, int, bytes]:
-        from deployments.link import ThreadedLinkServer
+        from deployments.link_threads import ThreadedLinkServer
 
         if self.link is None:
             self.link = ThreadedLinkServer(self.run, 1)

@@ -232,7 +232,7 @@ class Replica:
     def __init__(self, workers: int = 2) -> None:
         import threading
 
-        from deployments.link import ThreadedLinkServer
+        from deployments.link_threads import ThreadedLinkServer
 
         self.gate = threading.Event()
         self.gate.set()
@@ -276,7 +276,7 @@ class Replica:
 
     def kill(self) -> None:  # as ray.kill: the process and its sockets go
         self.killed = True
-        self.server.loop.call_soon_threadsafe(self.server.server.close)
+        self.server.close()
 
 
 def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_models_errors():

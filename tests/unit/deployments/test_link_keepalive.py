@@ -21,9 +21,9 @@ from deployments.link import (
     Link,
     LinkLost,
     LinkServer,
-    ThreadedLinkServer,
     _frame,
 )
+from deployments.link_threads import ThreadedLinkServer
 from tests.conftest import until
 
 K = Keepalive(ping_s=0.5, dead_s=2.0)
@@ -307,8 +307,9 @@ def test_a_peer_that_takes_bytes_but_never_answers_is_taken_for_lost():
 
 
 def test_a_replica_busy_with_a_long_batch_still_answers_pings():
-    """One call thread (a CPU replica): the batch runs off the connection's loop, which
-    answers the caller's pings meanwhile; then the batch's answer comes."""
+    """One call slot (a CPU replica): the batch runs on the thread that read it, and the
+    caller hears the replica alive meanwhile (its pings answered by the pulse); then the
+    batch's answer comes."""
     gate = threading.Event()
 
     def slow(items):
@@ -327,7 +328,7 @@ def test_a_replica_busy_with_a_long_batch_still_answers_pings():
         gate.set()
         answer = await batch
         link.close()
-        server.loop.call_soon_threadsafe(server.server.close)
+        server.close()
         return answer
 
     assert run(main()) == [2, 4]
@@ -362,7 +363,7 @@ def test_a_replicas_call_thread_reads_each_call_and_writes_its_answer():
         sock.sendall(token + HEAD.pack(4, 1, INFER) + b"junk")
         closed = await asyncio.to_thread(sock.recv, 100)
         sock.close()
-        server.loop.call_soon_threadsafe(server.server.close)
+        server.close()
         return answers, closed
 
     answers, closed = run(main())
