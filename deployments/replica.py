@@ -13,9 +13,9 @@ state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: 
 that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`).
 Every dynamic model's replica actor takes its batches on a direct connection from its
 engine (`replicas.link`, `deployments.link`) instead of a Ray call each: a thread of its
-own reads them off the socket (and answers the engine's pings, however long a batch
-runs) and hands each to the device thread, or, without one, to one call thread, pinned
-with the replica, one batch at a time. Sequence and generation replicas
+own reads them off the socket (and the engine hears it alive however long a batch
+runs) and hands each to the device thread, or, without one, runs it itself, pinned
+with the replica, one batch at a time (`deployments.link_threads`). Sequence and generation replicas
 (`deployments.stateful_replica`) always keep one thread: their calls change state in
 the order they are sent. Its constructor first pins the process
 (`cluster.pinning.pin_replica`: whole cores of its NUMA node or its GPU's), then
