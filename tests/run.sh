@@ -4,12 +4,14 @@
 #           notebooks (each that needs Ray starts and stops its own, once the session's
 #           is gone; those, RAY_NOTEBOOKS, run beside the others: by then the two cores
 #           are no longer both busy), then the own server's differential fuzzer against
-#           h11 (its streams cached: test_differential.py);
+#           h11 (its streams cached: test_differential.py), then the own-Ray tests of
+#           LANE1_OWN_RAY (a token-auth cluster on a Ray temp dir, HOME and ports of its
+#           own, every address given: nothing a local Ray of lane 2 would find);
 #   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
 #           and differential cases; the native front's with the front built with ASan
 #           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
 #           (marker `own_ray`: `raybatch up` in a process of its own, cluster scenarios),
-#           on free ports of their own.
+#           on free ports of their own, but those of LANE1_OWN_RAY.
 # Every test still runs on every push but those marked `soak` (they measure: `make soak`;
 # pyproject's addopts leaves them out, and so do the -m expressions here).
 # RAYBATCH_TEST_LANES=1 runs them one after another.
@@ -27,6 +29,8 @@ took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
 # The own server's h11 differential fuzzer runs in lane 1 (after the notebooks), the
 # front's in lane 2: each lane about half of the suite.
 H11_FUZZ=tests/unit/deployments/http/test_differential.py
+# Own-Ray tests that run at the end of lane 1 instead (each lane then ends about together).
+LANE1_OWN_RAY=(tests/integration/test_cluster_auth.py)
 (
   front_tests=$(bash tests/sanitize.sh --list)
   # shellcheck disable=SC2046
@@ -37,8 +41,9 @@ H11_FUZZ=tests/unit/deployments/http/test_differential.py
   PY="$PY" bash tests/sanitize.sh
   front_rc=$?
   took "the native front's tests, sanitized"
+  # shellcheck disable=SC2046
   "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "own_ray and not soak" \
-    tests/integration tests/e2e
+    tests/integration tests/e2e $(printf -- '--ignore=%s ' "${LANE1_OWN_RAY[@]}")
   own_rc=$?
   took "the own-Ray tests"
   [ "$unit_rc" = 0 ] && [ "$front_rc" = 0 ] && [ "$own_rc" = 0 ]
@@ -65,10 +70,14 @@ took "the notebooks"
 "$PY" -m pytest -q -p no:cacheprovider "$H11_FUZZ"
 fuzz_rc=$?
 took "the h11 differential"
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "own_ray and not soak" \
+  "${LANE1_OWN_RAY[@]}"
+lane1_own_rc=$?
+took "the own-Ray tests of lane 1 (${LANE1_OWN_RAY[*]})"
 wait "$lane2"
 lane2_rc=$?
 echo "---- lane 2 (ran beside the above): tests/unit, then the own-Ray tests ----"
 cat "$lane2_log"
 echo "---- the suite took $(( $(date +%s) - start )) s ----"
 [ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$ray_nb_rc" = 0 ] && [ "$fuzz_rc" = 0 ] &&
-  [ "$lane2_rc" = 0 ]
+  [ "$lane1_own_rc" = 0 ] && [ "$lane2_rc" = 0 ]

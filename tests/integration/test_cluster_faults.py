@@ -49,6 +49,13 @@ def until(check, timeout_s: float, what: str):
     return value
 
 
+def alive_on(status: dict) -> list[str]:
+    """Each ALIVE replica's node address in one model's status, as `Serving.replicas` reads
+    it: from a status already fetched (each `raybatch status` is a driver of its own)."""
+    return sorted(r.get("node_ip") or "?" for r in status.get("replica_info", [])
+                  if r.get("state") == "ALIVE")
+
+
 def assert_every_request_ended_well(outcomes: list[Outcome]) -> None:
     assert len(outcomes) > CLIENTS, f"only {len(outcomes)} requests ended"
     wrong = [o for o in outcomes if o.verdict == "wrong"]
@@ -67,7 +74,7 @@ def test_a_host_killed_then_one_partitioned_under_load_costs_no_wrong_or_late_an
     with serving(hosts=2, cpus=0.5, replicas=2, logs=tmp_path) as app:
         st = app.status()
         hosts = [app.lab.address(0), app.lab.address(1)]
-        assert app.replicas() == hosts, st.get("replica_info")  # spread: one per host
+        assert alive_on(st) == hosts, st.get("replica_info")  # spread: one per host
         assert [b.get("node_ip") for b in st["batching_actors"]] == [HEAD_IP]
         assert {i.get("node_ip") for i in st["ingress_replicas"]} == {HEAD_IP}
 

@@ -186,19 +186,25 @@ def test_every_dashboard_expression_returns_data_from_a_real_prometheus(app, pro
         if time.monotonic() > give_up:
             pytest.fail("timed out after 60 s waiting for the traffic to reach Prometheus: "
                         f"{probe}\n{_diagnosis(prometheus, start)}")
-    time.sleep(2 * SCRAPE_S + 2)
 
     def still_missing(exprs: list) -> list:
         end = time.time()
         return [(t, e) for t, e in exprs if not finite(query_range(prometheus, e, start - 10, end))]
 
+    def landed(exprs: list) -> list:
+        """What of `exprs` still has no data once the last points had time to land (two
+        scrapes and a report): looked at every scrape, the last look no sooner than that."""
+        last_look = time.monotonic() + 2 * SCRAPE_S + 2
+        while (exprs := still_missing(exprs)) and time.monotonic() < last_look:
+            time.sleep(SCRAPE_S)
+        return exprs
+
     # A series of a process that started late (a replica's first report) can miss the
     # first window: more traffic and another look, for at most 40 s, before it counts.
-    missing, give_up = still_missing(substituted), time.monotonic() + 40
+    missing, give_up = landed(substituted), time.monotonic() + 40
     while missing and time.monotonic() < give_up:
         traffic(app, seconds=3)
-        time.sleep(2 * SCRAPE_S + 2)
-        missing = still_missing(missing)
+        missing = landed(missing)
     assert not missing, f"{len(missing)} of {len(substituted)} expressions returned no data: " \
                         + "\n".join(f"{t}: {e}" for t, e in missing[:20])
     assert len(substituted) > 100
