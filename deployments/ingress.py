@@ -52,7 +52,7 @@ def model_spec(m: ModelConfig) -> ModelSpec:
         m.name, m.version, "raybatch",
         inputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.inputs],
         outputs=[TensorSpec(t.name, t.datatype, t.shape) for t in m.outputs],
-        max_batch_size=batch_limit(m),
+        max_batch_size=m.batch_size,
     )
 
 
@@ -61,12 +61,6 @@ def model_entry(m: ModelConfig) -> ModelEntry:
     t = m.chat_template
     return ModelEntry(m.name, m.version, model_spec(m), m.batching.kind == "iterative",
                       ChatTemplate(t.message, t.generation_prompt, t.stop))
-
-
-def batch_limit(m: ModelConfig) -> int:
-    """Most requests one batch (or generation step) of `m` carries."""
-    policy = m.batching
-    return getattr(policy, "max_batch_size", None) or policy.max_active
 
 
 def _this_actor() -> Any:

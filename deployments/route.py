@@ -57,7 +57,7 @@ class ModelRoute:
         self.config = config
         self.kind = config.batching.kind
         self.metrics = metrics
-        size = getattr(config.batching, "max_batch_size", 64)
+        size = config.batch_size
         lost = None if metrics is None else lambda n: metrics.count("worker_died", n)
         link = config.batcher.link
         group = config.batcher.group  # the actor runs several models: calls name this one

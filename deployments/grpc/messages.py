@@ -22,12 +22,6 @@ from deployments.stats import model_counters
 PLATFORM = "raybatch"
 
 
-def batch_limit(config: ModelConfig) -> int:
-    """Most items (or generations) one batch of the model carries."""
-    policy = config.batching
-    return getattr(policy, "max_batch_size", None) or policy.max_active
-
-
 def model_metadata(config: ModelConfig) -> pb.ModelMetadataResponse:
     def tensor(t: TensorConfig) -> pb.ModelMetadataResponse.TensorMetadata:
         return pb.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
@@ -45,7 +39,7 @@ def _data_type(datatype: str) -> int:
 def model_config(config: ModelConfig) -> pb.ModelConfigResponse:
     """Triton's ModelConfig of a Raybatch model."""
     out = mc.ModelConfig(name=config.name, platform=PLATFORM, backend=PLATFORM,
-                         max_batch_size=batch_limit(config))
+                         max_batch_size=config.batch_size)
     for t in config.inputs:
         out.input.add(name=t.name, data_type=_data_type(t.datatype), dims=list(t.shape[1:]),
                       allow_ragged_batch=t.ragged is not None)
