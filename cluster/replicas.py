@@ -39,7 +39,8 @@ class ReplicaConfig(BaseModel):
     link: bool = True
     """A dynamic model's replica actor takes its batches on a direct TCP connection from
     its engine (127.0.0.1 on its node, a token from a Ray call first; `deployments.link`)
-    instead of a Ray call each (about 1.3 ms of CPU a call on 2 cores). One that reads
+    instead of a Ray call each (a Ray call costs far more CPU than a frame on a socket:
+    `benchmarks.serve.ray_call`, `benchmarks.serve.transports`). One that reads
     ahead runs them on its device thread; one that does not, on the connection's own
     thread, pinned where the replica is, one at a time. False, or where no connection
     opens: a Ray call a batch. Sequence and generation replicas always take Ray calls."""
@@ -81,12 +82,13 @@ class ReplicaConfig(BaseModel):
     in_process: bool = False
     """Run each replica inside the process of the model's engine (the ingress replica for
     `batcher.placement: ingress`, else the batching actor), on a thread of its own, as
-    `@serve.batch` runs a model: no Ray call per batch and no process to start (about 2 s
-    of CPU each at start-up). The engine's process then reserves `num_cpus` per replica.
-    For light CPU models and small machines: the model shares that process's cores and
-    GIL with the front, is not pinned, and a batch past `batch_timeout_s` cannot be
-    stopped (its replica is dropped and replaced; the stuck thread ends when the model
-    returns). GPU models keep replica actors."""
+    `@serve.batch` runs a model: no Ray call per batch and no process to start (a Ray
+    worker process costs seconds of CPU to start: `benchmarks.placement.startup`). The
+    engine's process then reserves `num_cpus` per replica. For light CPU models and small
+    machines: the model shares that process's cores and GIL with the front, is not pinned,
+    and a batch past `batch_timeout_s` cannot be stopped (its replica is dropped and
+    replaced; the stuck thread ends when the model returns). GPU models keep replica
+    actors."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaConfig:
@@ -185,7 +187,8 @@ class BatcherConfig(BaseModel):
     """Placement `actor`: callers (ingress replicas, `RaybatchClient`) send bundles and
     cancels to the batching actor on a direct TCP connection (127.0.0.1 on its node, the
     node's address from elsewhere; a token from Ray first) instead of a Ray actor call
-    each (about 1.3 ms of CPU a call on 2 cores); everything else stays a Ray call. False,
+    each (a Ray call costs far more CPU than a frame on a socket:
+    `benchmarks.serve.ray_call`); everything else stays a Ray call. False,
     or where no connection opens (a network that allows only Ray's ports): a Ray call each."""
 
     def check_placed(self, model: str) -> None:

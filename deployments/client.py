@@ -1,6 +1,7 @@
 """`RaybatchClient`: a Python caller's requests, straight to the batching actors.
 
-A Serve handle call costs about a millisecond of CPU and one more hop; a caller
+A Serve handle call is a Ray call after Serve's own routing: costly in CPU, and one more
+hop (`benchmarks.serve.client_roundtrip` times it); a caller
 (another deployment, a Ray task, a notebook) with a thousand concurrent requests
 would pay that a thousand times. The client asks the ingress once per model for
 its route (the model's config and its batching actors' handles), then does in

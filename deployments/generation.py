@@ -1,7 +1,7 @@
 """Generation streams between the ingress and a generative model's batching actor.
 
 A stream per generation over Ray would cost one Ray object per token per
-client (100-400 us each here), more than a small model's step. So streams
+client, and those cost more than a small model's step. So streams
 are multiplexed, as bundles are for `infer`: each ingress replica (a
 `GenerateMux`) starts the generations of one loop tick in one call, and keeps
 ONE long poll open per batching actor that returns every new event of all its

@@ -9,12 +9,12 @@ full collections come often, and each walks the whole startup heap again. Ray Se
 freezes its replicas' startup heap for that reason (`RAY_SERVE_FREEZE_GC_ON_STARTUP`, at
 the end of a replica's constructor: the ingress gets it from Serve); the batching actor and
 the model replicas are plain Ray actors, where nothing else does it, so they call this once
-ready. Measured: in one process without Serve (`benchmarks.http.quick_path --no-freeze`
-against the default, uvloop) the quick lane costs 71 us of CPU per request with the
-collector as it is and 48 us frozen; in the actor setup (`benchmarks.serve.compare --models
-sleep --concurrency 128 --paths http --setups actor --peers`) the batching actor took 94 us
-per request frozen against 97 with `RAYBATCH_FREEZE_HEAP=0`, within this machine's noise:
-what it buys there is fewer long collections (pauses), not throughput.
+ready. Measured (docs/performance.md): in one process without Serve
+(`benchmarks.http.quick_path --no-freeze` against the default) the quick lane costs
+less CPU per request frozen; in the actor setup (`benchmarks.serve.compare --models
+sleep --concurrency 128 --paths http --setups actor --peers`, against
+`RAYBATCH_FREEZE_HEAP=0`) the batching actor's CPU per request moved within the machine's
+noise: what it buys there is fewer long collections (pauses), not throughput.
 
 `freeze_startup_heap` collects once (what startup left as garbage is freed, not frozen),
 then `gc.freeze()`s the rest: those objects move to a permanent generation the collector

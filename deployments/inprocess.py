@@ -6,7 +6,8 @@ the same replica class a replica actor runs (`ModelReplica`, `SequenceReplica`,
 actor) on a thread of its own; every call on the model (constructor, batches, releases,
 steps) runs on that thread, one at a time, as in an actor. That is how `@serve.batch`,
 LitServe and BentoML run a model: no Ray call per batch (the batch is neither pickled
-nor copied), and no worker process to start (1.5-2.3 s of CPU each on a small machine).
+nor copied), and no worker process to start (seconds of CPU each on a small machine:
+`benchmarks.placement.startup`).
 
 The price, said where the setting is documented: the model shares its host's cores and
 GIL (a model that holds the GIL slows the front), it is not pinned, and a batch that

@@ -3,9 +3,9 @@ Ray call each: bundles and cancels from an ingress replica (or a `RaybatchClient
 batching actor (`batcher.link`), batches from an engine to a replica actor that reads
 ahead (`replicas.link`).
 
-Why: one awaited Ray actor call costs about 0.6 ms of the caller's CPU and 0.7 ms of the
-actor's on 2 cores (`benchmarks.serve.ray_call`), and the batching-actor path makes two a
-batch; a frame on a socket costs tens of microseconds. What goes on it is what the Ray
+Why: one awaited Ray actor call costs far more CPU, the caller's and the actor's, than a
+frame on a socket (`benchmarks.serve.ray_call`, `benchmarks.serve.transports`), and the
+batching-actor path makes two a batch. What goes on it is what the Ray
 call carried (`BatcherActor.infer`'s or `ModelReplica.run`'s arguments and answer,
 pickled, protocol 5), and the actor runs the very same method; everything else
 (readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked

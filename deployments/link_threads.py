@@ -4,10 +4,10 @@ blocking sockets, the batch run on the thread that read it.
 Why: a replica is a sync actor whose work is the batch. The connection's reader thread
 reads a frame and, with one call slot (a CPU replica: its work would compete with the
 model for its cores), runs the batch itself and writes its answer: no hand-off to another
-thread and back, which on 2 cores cost ~60 us a batch (two wake-ups) when an event loop
-read the frames and a pool ran them. With more slots (a replica that reads ahead) the
-reader hands each call to a pool and reads the next at once; the pool's thread writes the
-answer.
+thread and back: two wake-ups a batch, a cost a small machine's cores felt when an event
+loop read the frames and a pool ran them (docs/performance.md). With more slots (a replica
+that reads ahead) the reader hands each call to a pool and reads the next at once; the
+pool's thread writes the answer.
 
 Pings: while its reader runs a batch inline, a connection cannot read the caller's
 pings, so a pulse thread (one per server, waking every `ping_s / 2`) writes a PONG on each

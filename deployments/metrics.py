@@ -12,15 +12,15 @@ time), and the callers (`CallerMetrics`: requests refused before a batching acto
 saw them, or lost with it). Ray exports each on its node's metrics port as
 `ray_<name>`, with its own `SessionName`, `NodeAddress`, `WorkerId`... labels.
 
-Cost: no Ray call per request or per batch in the batching actor. A Ray metric call
-costs 2-3 us (a `Histogram.observe`, a `Counter.inc`), more than the actor spends
-on a request in a big batch. So the actor only counts, in plain Python (a bisect
-per value), and every `metrics.interval_s` sends the increments of its counters
-and its `sampled` histograms: bucket counts exported as the series of a Prometheus
-histogram (`_bucket{le}`, `_sum`, `_count`, cumulative) through Ray gauges, which
-PromQL reads like any histogram. The replicas observe their compute time per batch
-into a Ray histogram. Counters of known label sets start at 0, so a rate or an
-alert sees 0, not nothing. Ray is imported on first use: the table loads without it.
+Cost: no Ray call per request or per batch in the batching actor. A Ray metric call (a
+`Histogram.observe`, a `Counter.inc`) costs more than the actor spends on a request in a
+big batch. So the actor only counts, in plain Python (a bisect per value; its cost:
+`benchmarks.serve.metrics_overhead --micro`), and every `metrics.interval_s` sends the
+increments of its counters and its `sampled` histograms: bucket counts exported as the
+series of a Prometheus histogram (`_bucket{le}`, `_sum`, `_count`, cumulative) through Ray
+gauges, which PromQL reads like any histogram. The replicas observe their compute time per
+batch into a Ray histogram. Counters of known label sets start at 0, so a rate or an alert
+sees 0, not nothing. Ray is imported on first use: the table loads without it.
 """
 
 from __future__ import annotations

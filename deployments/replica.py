@@ -2,15 +2,15 @@
 
 A sync Ray actor (no event loop competes with the model for the core). With
 `replicas.read_ahead` (on by default for GPU replicas) a dynamic model's replica actor
-builds and runs its model on one thread of its own, the device thread, and the pool
-starts it with one Ray thread per pipeline slot (`max_concurrency` =
-`max_inflight_batches`): Ray reads a call's arguments, and writes its results, on the
-thread that took the call, so with Ray's one thread that work sat between two batches
-and the device idled through it (~15 us a request of `sleep`'s 64 x 256 floats, 0.9 ms
-between two batches); now the next batch is read, and the last one's results written,
-while the model runs, and the model still sees one thread (a model may keep per-thread
-state: CUDA streams, grad mode). A CPU model keeps Ray's one thread by default: there
-that work would compete with the model for its cores (`benchmarks.placement.replica_pipeline`).
+builds and runs its model on one thread of its own, the device thread, and the pool starts
+it with one Ray thread per pipeline slot (`max_concurrency` = `max_inflight_batches`): Ray
+reads a call's arguments, and writes its results, on the thread that took the call, so
+with Ray's one thread that work sat between two batches and the device idled through it
+(`benchmarks.placement.replica_pipeline` measures the share of a batch's time it took);
+now the next batch is read, and the last one's results written, while the model runs, and
+the model still sees one thread (a model may keep per-thread state: CUDA streams, grad
+mode). A CPU model keeps Ray's one thread by default: there that work would compete with
+the model for its cores (`benchmarks.placement.replica_pipeline`).
 Every dynamic model's replica actor takes its batches on a direct connection from its
 engine (`replicas.link`, `deployments.link`) instead of a Ray call each: a thread of its
 own reads them off the socket (and the engine hears it alive however long a batch

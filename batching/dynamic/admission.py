@@ -67,23 +67,22 @@ SPREAD_MARGIN = 2.0
 UNSEEN_S = 0.005
 """What a predicted wait adds for the time of a request that the engine does not see:
 its reading before it is queued, its answer's way back to the client. The bound is then
-one on what a client sees, at most the bound and its own batch. Measured on 2 shared
-cores at 10x overload (4,800 requests a second offered): 1-5 ms; without it, one run of
-three ended 1.1 ms past the bound and a batch, its last accepted requests starting 4 ms
-inside the bound."""
+one on what a client sees, at most the bound and its own batch: without it, a request
+accepted at the bound's edge under overload ended past the bound and a batch
+(`benchmarks.serve.admission_overload`; the figures are in docs/performance.md)."""
 SETTLED_GROUPS = 4
 """Groups of samples the rate rests on before the wait bound sheds a request accepted
 before the rate was measured (on the latency model's prediction; it refuses at the door
 from the first sample). The first samples of a service's life often span its first burst
-being read: an ingress reading 1,500 requests at once timed its first full batches of
-64 at 65, 9, 53 and 10 ms, then 1-8 ms; shed on the first, a sixth of a burst served in
-under a second was dropped."""
+being read, and time the first full batches many times slower than the ones after;
+shedding on those first samples dropped requests of a burst that was served well within
+the bound (`tests/e2e/test_burst_admission.py`)."""
 WALK_GAP_PER_ENTRY_S = 30e-6
 """Under overload (the queue holds about the wait bound of work, so `Admission._none_due`
 cannot rule shedding out), `shed` walks the queue at most once per this much time for each
-entry it holds: a walk costs a few microseconds of CPU per entry, so it then takes at most
-about a tenth of a core, however deep the queue; shedding is that much late at most (17 ms
-for 580 queued requests), never more than a quarter of the bound."""
+entry it holds, so the walks take a small, fixed share of a core however deep the queue
+(`benchmarks.serve.admission_overload`); shedding is that much late at most, never more
+than a quarter of the bound."""
 
 
 @dataclass(slots=True)

@@ -398,8 +398,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         """The batch's items as one contiguous array (or TensorBatch) when they are
         arrays, padded or listed as the model's ragged tensors declare, else a list.
 
-        One array pickles ~15x faster than a list of 64 row arrays, and the model
-        would stack them anyway.
+        One array pickles far faster than a list of row arrays (`benchmarks.serve.
+        bundle_path`), and the model would stack them anyway.
         """
         open_ = self._open
         pieces = []

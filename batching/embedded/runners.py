@@ -66,8 +66,8 @@ class ProcessRunner:
                          name="raybatch-sender", daemon=True).start()
 
     def _send_loop(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
-        # Pickling and writing a batch takes up to a millisecond: done here, not on
-        # the event loop, which meanwhile keeps taking requests and results.
+        # Pickling and writing a batch is long next to taking one request: done here,
+        # not on the event loop, which meanwhile keeps taking requests and results.
         while (msg := self._outbox.get()) is not None:
             try:
                 conn.send(msg)

@@ -172,8 +172,9 @@ def _claim_ports(ports: list[int], config: str | None) -> Any:
 
 def _import_in_background(*modules: str) -> threading.Thread:
     """Import `modules` on a thread while this one starts Ray: `ray.init` mostly waits for
-    Ray's processes, and Serve's and the app's imports take ~1.5 s of CPU that would
-    otherwise come after it. Best effort: whatever fails here (an import error, or the
+    Ray's processes, and Serve's and the app's imports take seconds of CPU that would
+    otherwise come after it (`benchmarks.placement.startup` shows where a start's CPU
+    goes). Best effort: whatever fails here (an import error, or the
     import lock refusing a cycle between the two threads) is imported again, and raised,
     where the module is used."""
     import importlib

@@ -1,10 +1,10 @@
 """The native front: Raybatch's HTTP server with its sockets on a native thread, and the
 common infer request queued there and handed to the engine in blocks.
 
-Why: the Python server (`deployments.http.server`) spends ~130 us of its process's one
-GIL on each binary infer request; Triton and mosec parse and queue on native threads and
-enter Python once per batch, and serve 1.1-3.5x more on the same cores. `_front.c` (its
-note says how) owns every socket. What this module adds:
+Why: the Python server (`deployments.http.server`) spends its process's one GIL on every
+request's bytes; Triton and mosec parse and queue on native threads and enter Python once
+per batch, and served more on the same cores (`benchmarks.http.front`, `benchmarks.peers`).
+`_front.c` (its note says how) owns every socket. What this module adds:
 
 - **Plans learned from the Python server.** An infer request that the Python server's
   quick lane answered with 200 teaches the front a plan: its target and its JSON header

@@ -1,9 +1,10 @@
 """Raybatch's own HTTP/1.1 server: the OIP app on a port of each ingress replica.
 
 Why: under Serve's direct ingress, uvicorn answers each request through its
-ASGI cycle, two socket writes, a keep-alive timer reset and its middlewares: on
-these machines 50 us of CPU per request for an app that answers `{}`, and 39% of
-an ingress replica's samples serving `mlp` (`benchmarks.serve.profile_ingress`). This
+ASGI cycle, two socket writes, a keep-alive timer reset and its middlewares: for an app
+that answers `{}` that is far more CPU per request than this server spends
+(`benchmarks.http.front`), and serving `mlp` it was a large share of an ingress
+replica's samples (`benchmarks.serve.profile_ingress`; figures in docs/protocol.md). This
 server does what the OIP app needs and no more: httptools parses, one small
 `Cycle` per request carries the ASGI `receive`/`send`, and a response goes out
 in ONE write when its length is known (status line, headers and body; a
@@ -30,28 +31,28 @@ before the response starts is a 500 `{"error"}`, after it the connection closes.
 Connections idle longer than `keep_alive_s` are closed; past `max_connections`, the
 longest-idle one makes room (or a new one gets 503 when none is idle).
 
-The quick lane: a POST whose whole body fits the read buffer may be taken by the
-app's `quick` (`OipApp.quick`: infer requests) once its body is whole, and answered
-from the engine's callback with `Cycle.respond`: no task, no coroutine, no ASGI
-message per request, the costs left after the server's own (a throwaway probe of a
-bare protocol answering `{}` cost 10 us a request against this server's 31-49 us
-with the ASGI cycle). Anything else, or a body still arriving after the next
-one-second sweep (so `BodyReader`'s stall timeout still applies), goes through the
-ASGI app as before; pipelined requests keep their order across both.
+The quick lane: a POST whose whole body fits the read buffer may be taken by the app's
+`quick` (`OipApp.quick`: infer requests) once its body is whole, and answered from the
+engine's callback with `Cycle.respond`: no task, no coroutine, no ASGI message per
+request, the costs left after the server's own (a bare protocol answering `{}` costs a
+fraction of what this server spends with the ASGI cycle). Anything else, or a body still
+arriving after the next one-second sweep (so `BodyReader`'s stall timeout still applies),
+goes through the ASGI app as before; pipelined requests keep their order across both.
 
-Turns: the loop (uvloop, libuv) runs its ready callbacks between polls of the sockets,
-but one poll goes on while the kernel keeps handing it 1,024 ready sockets at a time (up
-to 48 rounds): under a flood of clients (thousands of connections, each sending its
-next request as soon as it is answered or refused) it parsed and refused requests for
-seconds on end while finished batches, Ray's calls and timers waited, so accepted
-requests were answered 8-9 s late. So a turn of the loop parses at most `TURN_READS`
-reads; past them a connection's bytes are kept unparsed (its socket is no longer read
-once they pass a buffer's worth) until the next turn, which parses the waiting ones
-first, oldest first. 64, not more: while a burst is being read, each finished batch waits
-for the rest of its turn, so the turn's length is the engine's batch cycle then (at 256
-reads of a 1,500-request burst the first batches measured 36-74 ms, at 64 18-31 ms, and
-admission predicts the burst's wait from them). Under ordinary load (fewer ready sockets
-than that per turn) nothing waits; at 128 connections the wait costs no system call.
+Turns: the loop (uvloop, libuv) runs its ready callbacks between polls of the sockets, but
+one poll goes on while the kernel keeps handing it 1,024 ready sockets at a time (up to 48
+rounds): under a flood of clients (thousands of connections, each sending its next request
+as soon as it is answered or refused) it parsed and refused requests for seconds on end
+while finished batches, Ray's calls and timers waited, so accepted requests were answered
+seconds late (docs/protocol.md). So a turn of the loop parses at most `TURN_READS` reads;
+past them a connection's bytes are kept unparsed (its socket is no longer read once they
+pass a buffer's worth) until the next turn, which parses the waiting ones first, oldest
+first. 64, not more: while a burst is being read, each finished batch waits for the rest
+of its turn, so the turn's length is the engine's batch cycle then (at 64 the first
+batches of a burst came back sooner than at 256, and none of it was refused; admission
+predicts the burst's wait from them: `benchmarks/results/2026-11-26-admission-overload/`).
+Under ordinary load (fewer ready sockets than that per turn) nothing waits; at 128
+connections the wait costs no system call.
 
 `SO_REUSEPORT`: every ingress replica of a node binds the same port and the
 kernel spreads connections across them, as Serve's own proxies do. The kernel

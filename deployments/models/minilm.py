@@ -7,7 +7,8 @@ fetched from a hub at run time.
 The encoder is a plain torch BERT (6 layers, 12 heads, mean pooling, L2 norm), read
 from the package's safetensors with `tokenizers` for the word pieces: what
 sentence-transformers computes (a test compares them), without importing it, because
-its import (transformers) costs ~7 s of CPU, a third of the demo's start on 2 cores.
+its import (transformers) costs seconds of CPU, a large share of the demo's start on a
+small machine (figures: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@ In: orjson has already refused what is not JSON (NaN, Infinity, numbers that ove
 double, nesting past 1,024); here a list must hold numbers of the tensor's kind only
 (`[1.0, true]` is refused like `[true]`, fractions are no integers), within the
 datatype's range (1e39 is no FP32), nested at most 32 deep. A flat list of numbers is
-read in one pass by a small C module where it was built (`_jsonfast`, 12 -> 1 us for
-256 values), which answers only what the Python path would and leaves the rest, errors
-included, to it. Out: a numeric
+read in one pass by a small C module where it was built (`_jsonfast`: the Python path
+checks the values' types, builds the array and checks the range in separate passes;
+`benchmarks/results/2026-11-26-json-reader/`), which answers only what the Python path
+would and leaves the rest, errors included, to it. Out: a numeric
 output goes to orjson as a flat native-endian array (`OPT_SERIALIZE_NUMPY`), no Python
 list in between; NaN and Infinity have no JSON spelling, so such an output is refused
 with the fix (binary output), never written as invalid JSON or silently as null.
