@@ -35,9 +35,16 @@ from batching.errors import InvalidRequest, RaybatchError
 from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
-from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
+from deployments.bundles import Entry, Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.generation import event_json, generate_request
-from deployments.hosts import Host, bundle_outcome, make_host, model_kind, submit_bundle_item
+from deployments.hosts import (
+    Host,
+    bundle_outcome,
+    entry_requests,
+    make_host,
+    model_kind,
+    submit_bundle_item,
+)
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
 from deployments.route import ModelRoute
 from deployments.stats import merge_stats
@@ -150,7 +157,7 @@ class LocalEngine:
         rid = next(self._ids)
         try:
             fut = submit_bundle_item(self.host, self.kind, rid,
-                                     (rid, items, priority, timeout_s, control, requests))
+                                     Entry(rid, items, priority, timeout_s, control, requests))
         except RaybatchError as e:
             self._refused(e, requests)
             raise
@@ -181,9 +188,9 @@ class LocalEngine:
         if self._publisher is not None:
             self._publisher.cancel()
 
-    async def infer(self, bundle: list[tuple] | Stacked, sent: Stamp | None = None
+    async def infer(self, bundle: list[Entry] | Stacked, sent: Stamp | None = None
                     ) -> list[Outcome] | StackedOutcomes:
-        """A bundle of `(key, items, priority, timeout_s[, control])` (or `Stacked`): every
+        """A bundle of `Entry`s (or `Stacked`): every
         outcome, as a batching actor answers it (what `RaybatchClient` sends through the
         handle); `sent`: where and when it left, counted against each timeout."""
         await self.start()
@@ -191,10 +198,11 @@ class LocalEngine:
         out: list[Outcome] = []
         transit_s = in_transit_s(sent)
         for entry in entries(bundle):
-            key = entry[0]
+            key = entry.key
             try:
-                key, items, priority, timeout_s, *rest = less_transit(entry, transit_s)
-                keys[self.submit(items, priority, timeout_s, rest[0] if rest else None)] = key
+                e = less_transit(entry, transit_s)
+                keys[self.submit(e.items, e.priority, e.timeout_s, e.control,
+                                 entry_requests(e))] = key
             except RaybatchError as e:
                 out.append((key, None, e))
         if keys:
@@ -266,7 +274,7 @@ class ActorBackend:
     async def drain(self, timeout_s: float) -> None:
         """Nothing here: the batching actors drain themselves (`deployments.drain`)."""
 
-    async def infer_entries(self, bundle: list[tuple], sent: Stamp | None = None
+    async def infer_entries(self, bundle: list[Entry], sent: Stamp | None = None
                             ) -> list[Outcome]:
         raise InvalidRequest(f"model {self.route.config.name!r} runs its engine in batching "
                              "actors: send bundles to them (RaybatchClient does)")
@@ -305,7 +313,7 @@ class IngressBackend:
     async def drain(self, timeout_s: float) -> None:
         await self.engine.drain(timeout_s)
 
-    async def infer_entries(self, bundle: list[tuple], sent: Stamp | None = None
+    async def infer_entries(self, bundle: list[Entry], sent: Stamp | None = None
                             ) -> list[Outcome]:
         return await self.engine.infer(bundle, sent)
 

@@ -42,7 +42,7 @@ from batching.errors import Draining, InvalidRequest, RaybatchError
 from batching.loop import detached_task
 from batching.metrics import NULL_RECORDER, outcome_of
 from cluster.config import MetricsConfig, ModelConfig
-from deployments.bundles import Stacked, StackedOutcomes, entries, pack_outcomes
+from deployments.bundles import Entry, Stacked, StackedOutcomes, entries, pack_outcomes
 from deployments.dialer import listen_host
 from deployments.drain import Attachments
 from deployments.generation import StreamHub
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 
 # (caller key, items with a leading batch dimension, priority, timeout_s[, control]);
 # control = (sequence_id, start, end) for a sequence model.
-BundleItem = tuple[Any, ...]
 # (caller key, value, error)
 Outcome = tuple[Any, Any, "BaseException | None"]
 
@@ -117,7 +116,7 @@ class ModelEngine:
         log.info("batcher for %s (%s) ready with %d replicas", self.config.name, self.kind,
                  len(self.host.replicas))
 
-    async def infer(self, bundle: list[BundleItem] | Stacked, caller: str | None,
+    async def infer(self, bundle: list[Entry] | Stacked, caller: str | None,
                     sent: Stamp | None, draining: str | None
                     ) -> list[Outcome] | StackedOutcomes:
         await self.ensure_started()
@@ -128,19 +127,19 @@ class ModelEngine:
         refused: list[BaseException] = []
         by_key = self._by_key
         if draining is not None:
-            return [(entry[0], None, Draining(draining)) for entry in entries(bundle)]
+            return [(entry.key, None, Draining(draining)) for entry in entries(bundle)]
         transit_s = in_transit_s(sent)
         for entry in entries(bundle):
             rid = next(self._ids)
             try:
                 entry = less_transit(entry, transit_s)
-                opened[submit_bundle_item(host, self.kind, rid, entry)] = entry[0], rid
+                opened[submit_bundle_item(host, self.kind, rid, entry)] = entry.key, rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
-                out.append((entry[0], None, e))
+                out.append((entry.key, None, e))
                 refused.extend([e] * entry_requests(entry))  # a block: its count
                 continue
             if caller is not None:
-                by_key[caller, entry[0]] = rid
+                by_key[caller, entry.key] = rid
         if refused and self.metrics is not None:
             self.metrics.refused(outcome_of(e) for e in refused)
         if opened:
@@ -248,7 +247,7 @@ class BatcherActor:
         await self._ensure_started()
         return True
 
-    async def infer(self, bundle: list[BundleItem] | Stacked, caller: str | None = None,
+    async def infer(self, bundle: list[Entry] | Stacked, caller: str | None = None,
                     sent: Stamp | None = None, model: str | None = None
                     ) -> list[Outcome] | StackedOutcomes:
         """Run a bundle of requests; the outcome of each, once all have ended.

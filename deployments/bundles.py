@@ -1,24 +1,24 @@
-"""A bundle on the wire: one stacked array instead of one array per request.
+"""A bundle on the wire: typed entries, and one stacked array instead of one per request.
 
 A bundle (`deployments.coalesce`) carries up to a batch of requests to a batching actor
-(or through the handle to an ingress-placed engine), and its answer carries one value per
-request back. As a list of per-request tuples, every request's array is its own buffer
-to Ray's serializer: pickling 64 arrays of 256 floats and reading them back costs ~290 us
-a bundle here, one array of 64 rows ~18 us. So when every entry's items are arrays of one
-dtype and row shape (a stateless model's usual bundle), the bundle goes as `Stacked`: the
-keys, ONE array of all the rows, the row count of each entry, their priorities and
-timeouts; the answer to a `Stacked` bundle is `StackedOutcomes` when every value is such
-an array too (errors travel beside them, by position). Anything else (sequence controls,
-ragged or named inputs, values that are not arrays) goes as before, a list of tuples, and
-is answered as a list: each side reads both, so a caller that sends lists gets lists.
-Unpacking gives views of the one array, no copy.
+(or through the handle to an ingress-placed engine), each one `Entry`, and its answer
+carries one `(key, value, error)` per request back. As a list of entries, every request's
+array is its own buffer to Ray's serializer, which costs far more to pickle and read back
+than one array of all the rows (`benchmarks.serve.bundle_path`). So when every entry's
+items are arrays of one dtype and row shape (a stateless model's usual bundle), the bundle
+goes as `Stacked`: the keys, ONE array of all the rows, the row count of each entry, their
+priorities and timeouts; the answer to a `Stacked` bundle is `StackedOutcomes` when every
+value is such an array too (errors travel beside them, by position). Anything else
+(sequence controls, a block's count of requests, ragged or named inputs, values that are
+not arrays) goes as a list of entries and is answered as a list: each side reads both, so
+a caller that sends lists gets lists. Unpacking gives views of the one array, no copy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,9 +27,34 @@ from batching.errors import InvalidRequest
 MIN_ENTRIES = 2  # a bundle of one gains nothing from stacking
 
 
+class Entry(NamedTuple):
+    """One request on the wire, from the ingress (or a `RaybatchClient`) to the engine.
+    A tuple (it pickles as one), read by name."""
+
+    key: Any  # the caller's id of it; its outcome comes back under it
+    items: Any  # the model's items (an array with a batch dim, a TensorBatch, a list)
+    priority: Any = None
+    timeout_s: float | None = None  # what is left of it when it left (`deployments.transit`)
+    control: tuple[Any, bool, bool] | None = None  # a sequence's (sequence_id, start, end)
+    requests: int = 1  # the clients' requests it stands for (a native-front block: several)
+
+
+def entry(value: Any) -> Entry:
+    """`value` as an `Entry` (a plain tuple of its fields is taken too); InvalidRequest
+    for anything else: what comes off the wire is checked here, once."""
+    if type(value) is Entry:
+        return value
+    if type(value) is tuple and 2 <= len(value) <= len(Entry._fields):
+        return Entry(*value)
+    raise InvalidRequest(f"a bundle entry is (key, items, priority, timeout_s, control, "
+                         f"requests); got {type(value).__name__}: build bundles with "
+                         "deployments.coalesce or RaybatchClient")
+
+
 @dataclass(slots=True)
 class Stacked:
-    """Entries `(key, rows, priority, timeout_s)` whose rows are `items[offset:offset+n]`."""
+    """Entries (key, rows, priority, timeout_s) whose rows are `items[offset:offset+n]`:
+    no sequence control, one request each."""
 
     keys: list[Any]
     items: np.ndarray
@@ -52,30 +77,32 @@ class StackedOutcomes:
     errors: dict[int, BaseException]
 
 
-def pack(bundle: list[tuple]) -> list[tuple] | Stacked:
-    """`bundle` as `Stacked` when its entries are arrays of one dtype and row shape and
-    carry no sequence control; else as it is."""
+def pack(bundle: list[Entry]) -> list[Entry] | Stacked:
+    """`bundle` as `Stacked` when its entries are arrays of one dtype and row shape,
+    carry no sequence control and stand for one request each; else as it is."""
     if len(bundle) < MIN_ENTRIES:
         return bundle
-    first = bundle[0][1]
+    first = bundle[0].items
     if type(first) is not np.ndarray or first.ndim == 0:
         return bundle
     dtype, row = first.dtype, first.shape[1:]
-    for entry in bundle:
-        items = entry[1]
+    for e in bundle:
+        items = e.items
         if (type(items) is not np.ndarray or items.ndim == 0 or items.dtype != dtype
-                or items.shape[1:] != row or (len(entry) > 4 and entry[4] is not None)
-                or len(entry) > 5):  # a block's count of requests: sent as it is
+                or items.shape[1:] != row or e.control is not None or e.requests != 1):
             return bundle
-    return Stacked([e[0] for e in bundle], np.concatenate([e[1] for e in bundle]),
-                   [len(e[1]) for e in bundle], [e[2] for e in bundle],
-                   [e[3] for e in bundle])
+    return Stacked([e.key for e in bundle], np.concatenate([e.items for e in bundle]),
+                   [len(e.items) for e in bundle], [e.priority for e in bundle],
+                   [e.timeout_s for e in bundle])
 
 
-def entries(bundle: list[tuple] | Stacked) -> Iterator[tuple]:
-    """The bundle's entries `(key, items, priority, timeout_s[, control])`, either form."""
+def entries(bundle: list[Entry] | Stacked) -> Iterator[Entry]:
+    """The bundle's entries, either form; InvalidRequest for one that is not an entry."""
     if type(bundle) is not Stacked:
-        yield from bundle
+        if not isinstance(bundle, list):
+            raise InvalidRequest(f"a bundle is a list of entries or Stacked; got "
+                                 f"{type(bundle).__name__}")
+        yield from map(entry, bundle)
         return
     if not (len(bundle.keys) == len(bundle.counts) == len(bundle.priorities)
             == len(bundle.timeouts)) or sum(bundle.counts) != len(bundle.items):
@@ -86,11 +113,11 @@ def entries(bundle: list[tuple] | Stacked) -> Iterator[tuple]:
     items, offset = bundle.items, 0
     for key, n, priority, timeout_s in zip(bundle.keys, bundle.counts, bundle.priorities,
                                            bundle.timeouts):
-        yield key, items[offset:offset + n], priority, timeout_s
+        yield Entry(key, items[offset:offset + n], priority, timeout_s)
         offset += n
 
 
-def pack_outcomes(bundle: list[tuple] | Stacked,
+def pack_outcomes(bundle: list[Entry] | Stacked,
                   outcomes: list[tuple]) -> list[tuple] | StackedOutcomes:
     """The answer to `bundle`: stacked if the bundle was and every value allows it."""
     if type(bundle) is not Stacked:

@@ -56,7 +56,7 @@ from typing import Any
 
 from batching.errors import NoAnswerInTime, WorkerDied
 from batching.loop import detached
-from deployments.bundles import outcomes, pack
+from deployments.bundles import Entry, outcomes, pack
 from deployments.dialer import Dialer
 from deployments.keepalive import DEFAULT, Keepalive
 from deployments.link import Link, LinkLost
@@ -100,7 +100,7 @@ class Coalescer:
         self._calls: set[asyncio.Task] = set()  # referenced, so none is collected mid-flight
         self._actor: Any = None
         self._keys = itertools.count()
-        self._pending: list[tuple] = []
+        self._pending: list[Entry] = []
         self._futures: dict[int, asyncio.Future] = {}
         self._to_cancel: list[int] = []
         self.bundles_sent = 0
@@ -131,8 +131,7 @@ class Coalescer:
         fut = loop.create_future()
         self._futures[key] = fut
         fut.add_done_callback(lambda f, key=key: f.cancelled() and self._cancelled(key))
-        self._pending.append((key, items, priority, timeout_s, control) if requests == 1
-                             else (key, items, priority, timeout_s, control, requests))
+        self._pending.append(Entry(key, items, priority, timeout_s, control, requests))
         if len(self._pending) == 1:
             loop.call_soon(self._flush, context=detached())
         hard_s = self._hard(priority, timeout_s)
@@ -178,15 +177,15 @@ class Coalescer:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        bundle: list[tuple] = []
+        bundle: list[Entry] = []
         items = 0
         futures = self._futures
         for entry in pending:
-            fut = futures.get(entry[0])
+            fut = futures.get(entry.key)
             if fut is None or fut.cancelled():  # the caller gave up before it was sent
-                futures.pop(entry[0], None)
+                futures.pop(entry.key, None)
                 continue
-            n = len(entry[1])
+            n = len(entry.items)
             if bundle and items + n > self._bundle_items:
                 self._start(bundle)
                 bundle, items = [], 0
@@ -195,7 +194,7 @@ class Coalescer:
         if bundle:
             self._start(bundle)
 
-    def _start(self, bundle: list[tuple]) -> None:
+    def _start(self, bundle: list[Entry]) -> None:
         self.bundles_sent += 1
         dialer = self._dialer
         link = dialer.live() if dialer is not None else None
@@ -210,7 +209,7 @@ class Coalescer:
                 call = self._actor.infer.remote(pack(bundle), self.caller, stamp(),
                                                 *self._model)
                 if dialer is not None:
-                    self._ray_keys.update(entry[0] for entry in bundle)
+                    self._ray_keys.update(entry.key for entry in bundle)
                     actor = self._actor
                     dialer.dial(actor, lambda: self._actor is actor)
         except Exception as e:
@@ -220,7 +219,7 @@ class Coalescer:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    async def _answer(self, bundle: list[tuple], call: Any, link: Link | None) -> None:
+    async def _answer(self, bundle: list[Entry], call: Any, link: Link | None) -> None:
         try:
             for key, value, error in outcomes(await call):
                 fut = self._futures.pop(key, None)
@@ -236,12 +235,12 @@ class Coalescer:
             self._lost(bundle, e)
         finally:
             if link is None and self._ray_keys:
-                self._ray_keys.difference_update(entry[0] for entry in bundle)
+                self._ray_keys.difference_update(entry.key for entry in bundle)
             self._fail(bundle, WorkerDied("the batching actor answered without an outcome "
                                           "for this request"))
 
     # -- the direct connection (deployments.link) -----------------------------------------
-    async def _link_lost(self, bundle: list[tuple], e: LinkLost, link: Link | None) -> None:
+    async def _link_lost(self, bundle: list[Entry], e: LinkLost, link: Link | None) -> None:
         """The connection ended with `bundle` open: fail it with what Ray says of the actor
         (dead, or ended on purpose), or with `e` if the actor lives on."""
         if self._dialer is not None and link is not None:
@@ -257,13 +256,13 @@ class Coalescer:
             return
         self._lost(bundle, e)
 
-    def _lost(self, bundle: list[tuple], e: BaseException) -> None:
+    def _lost(self, bundle: list[Entry], e: BaseException) -> None:
         self._actor = None
         log.error("bundle of %d requests lost its batching actor: %r", len(bundle), e)
         died = BatcherStopped if _KILLED in str(e) else WorkerDied
         self._fail(bundle, died(f"the batching actor failed: {type(e).__name__}: {e}"))
 
-    def _fail(self, bundle: list[tuple], error: BaseException) -> None:
+    def _fail(self, bundle: list[Entry], error: BaseException) -> None:
         failed = 0
         for key, *_ in bundle:
             fut = self._futures.pop(key, None)

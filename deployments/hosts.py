@@ -24,6 +24,7 @@ from batching.sequence.batcher import SequenceRequest
 from batching.sequence.host import SequenceHost
 from batching.types import Request
 from cluster.config import ConfigError, ModelConfig, import_object
+from deployments.bundles import Entry
 from deployments.signature import Signature
 
 Host = BatchHost | SequenceHost | IterativeHost
@@ -66,12 +67,11 @@ def dynamic_policy(config: ModelConfig) -> DynamicPolicy:
     return policy.model_copy(update={"length_fn": length})
 
 
-def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> asyncio.Future:
-    """Submit one bundle entry `(key, items, priority, timeout_s[, control[, requests]])`
-    (`requests`: the clients' requests it stands for, 1 unless a block); its future.
-    Raises the request's error (InvalidRequest, QueueFull, UnknownSequence...) at once."""
-    _, items, priority, timeout_s, *rest = entry
-    control = rest[0] if rest else None
+def submit_bundle_item(host: Host, kind: str, request_id: int, entry: Entry) -> asyncio.Future:
+    """Submit one bundle entry; its future. Raises the request's error (InvalidRequest,
+    QueueFull, UnknownSequence...) at once."""
+    items, priority, timeout_s, control = entry.items, entry.priority, entry.timeout_s, \
+        entry.control
     requests = entry_requests(entry)
     if kind == "sequence":
         if control is None:
@@ -90,10 +90,10 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: tuple) -> 
                                requests))
 
 
-def entry_requests(entry: tuple) -> int:
-    """The clients' requests a bundle entry stands for: its 6th field (a block of the
-    native front's), else 1."""
-    n = entry[5] if len(entry) > 5 else 1
+def entry_requests(entry: Entry) -> int:
+    """The clients' requests a bundle entry stands for (a block of the native front's:
+    several), as the engine counts them; 1 where the wire said nonsense."""
+    n = entry.requests
     return n if type(n) is int and n > 0 else 1
 
 

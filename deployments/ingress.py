@@ -29,6 +29,7 @@ from ray import serve
 from batching.errors import RaybatchError
 from cluster.config import MetricsConfig, ModelConfig, RaybatchConfig
 from deployments.backends import batcher_actor_name, make_backend
+from deployments.bundles import Entry
 from deployments.drain import IngressDrain
 from deployments.grpc import GrpcIngress, GrpcServicer
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
@@ -284,10 +285,10 @@ class Ingress(GrpcIngress):
                                                                           parameters):
             yield event
 
-    async def infer_entries(self, model: str, bundle: list[tuple],
+    async def infer_entries(self, model: str, bundle: list[Entry],
                             sent: Stamp | None = None) -> list[tuple]:
         """A `RaybatchClient` bundle for a model whose engine runs in the ingress
-        (`batcher.placement: ingress`): entries `(key, items, priority, timeout_s)`
+        (`batcher.placement: ingress`): `deployments.bundles.Entry`s
         (or `deployments.bundles.Stacked`), answered `(key, value, error)` (or
         `StackedOutcomes`) as a batching actor answers them; `sent`: where and when it
         left (`deployments.transit`)."""

@@ -21,6 +21,7 @@ import math
 import time
 
 from batching.errors import Overloaded
+from deployments.bundles import Entry
 
 Stamp = tuple[str, float]  # (Ray node id, time.monotonic() there)
 _node: list[str | None] = []  # this process's Ray node id, once known
@@ -52,10 +53,10 @@ def in_transit_s(sent: Stamp | None) -> float:
     return max(time.monotonic() - sent[1], 0.0)
 
 
-def less_transit(entry: tuple, transit_s: float) -> tuple:
-    """A bundle entry `(key, items, priority, timeout_s[, control])` with `transit_s`
-    taken from its timeout; Overloaded if none is left. No timeout: unchanged."""
-    timeout_s = entry[3]
+def less_transit(entry: Entry, transit_s: float) -> Entry:
+    """A bundle entry with `transit_s` taken from its timeout; Overloaded if none is left.
+    No timeout: unchanged."""
+    timeout_s = entry.timeout_s
     if not timeout_s or not transit_s:
         return entry
     left = timeout_s - transit_s
@@ -64,5 +65,5 @@ def less_transit(entry: tuple, transit_s: float) -> tuple:
             f"this request spent {transit_s:.2f} s reaching its batching actor, its whole "
             f"timeout of {timeout_s:.2f} s: the server is overloaded; retry later, or raise "
             "the timeout", retry_after_s=transit_s - timeout_s)
-    return (*entry[:3], left, *entry[4:])
+    return entry._replace(timeout_s=left)
 

@@ -8,7 +8,15 @@ import pickle
 import numpy as np
 
 from batching.errors import QueueFull
-from deployments.bundles import Stacked, StackedOutcomes, entries, outcomes, pack, pack_outcomes
+from deployments.bundles import (
+    Entry,
+    Stacked,
+    StackedOutcomes,
+    entries,
+    outcomes,
+    pack,
+    pack_outcomes,
+)
 
 
 def rows(n: int, value: float, width: int = 4) -> np.ndarray:
@@ -16,34 +24,36 @@ def rows(n: int, value: float, width: int = 4) -> np.ndarray:
 
 
 def test_same_shaped_arrays_are_stacked_and_unpacked_as_views_in_order():
-    bundle = [(0, rows(1, 1.0), None, None), (1, rows(3, 2.0), 2, 0.5),
-              (2, rows(2, 3.0), None, 1.0)]
+    bundle = [Entry(0, rows(1, 1.0), None, None), Entry(1, rows(3, 2.0), 2, 0.5),
+              Entry(2, rows(2, 3.0), None, 1.0)]
     packed = pack(bundle)
     assert type(packed) is Stacked and packed.items.shape == (6, 4)
     back = pickle.loads(pickle.dumps(packed, protocol=5))
     got = list(entries(back))
-    assert [(k, p, t) for k, _, p, t in got] == [(0, None, None), (1, 2, 0.5), (2, None, 1.0)]
+    assert [(e.key, e.priority, e.timeout_s) for e in got] == [(0, None, None), (1, 2, 0.5),
+                                                                (2, None, 1.0)]
+    assert all(e.control is None and e.requests == 1 for e in got)
     for (_, want, *_), (_, have, *_) in zip(bundle, got):
         np.testing.assert_array_equal(have, want)
         assert have.base is not None  # a view of the one array
 
 
 def test_anything_else_goes_as_the_list_it_was():
-    controls = [(0, rows(1, 1.0), None, None, ("s", True, False)),
-                (1, rows(1, 2.0), None, None, ("s", False, True))]
-    mixed_dtype = [(0, rows(1, 1.0), None, None), (1, rows(1, 1.0).astype(np.float64), None, None)]
-    mixed_rows = [(0, rows(1, 1.0, 4), None, None), (1, rows(1, 1.0, 5), None, None)]
-    lists = [(0, [1.0], None, None), (1, [2.0], None, None)]
-    one = [(0, rows(2, 1.0), None, None)]
+    controls = [Entry(0, rows(1, 1.0), control=("s", True, False)),
+                Entry(1, rows(1, 2.0), control=("s", False, True))]
+    mixed_dtype = [Entry(0, rows(1, 1.0)), Entry(1, rows(1, 1.0).astype(np.float64))]
+    mixed_rows = [Entry(0, rows(1, 1.0, 4)), Entry(1, rows(1, 1.0, 5))]
+    lists = [Entry(0, [1.0]), Entry(1, [2.0])]
+    one = [Entry(0, rows(2, 1.0))]
     # a block of the native front's carries its count of requests: it must reach the actor
-    block = [(0, rows(3, 1.0), None, None, None, 3), (1, rows(1, 2.0), None, None)]
+    block = [Entry(0, rows(3, 1.0), requests=3), Entry(1, rows(1, 2.0))]
     for bundle in (controls, mixed_dtype, mixed_rows, lists, one, block):
         assert pack(bundle) is bundle
         assert list(entries(bundle)) == bundle
 
 
 def test_a_stacked_bundle_is_answered_stacked_with_errors_beside_the_values():
-    bundle = pack([(k, rows(k + 1, float(k)), None, None) for k in range(3)])
+    bundle = pack([Entry(k, rows(k + 1, float(k))) for k in range(3)])
     refused = QueueFull("full")
     answer = pack_outcomes(bundle, [(1, None, refused), (0, rows(1, 0.5), None),
                                     (2, rows(3, 2.5), None)])
@@ -55,15 +65,13 @@ def test_a_stacked_bundle_is_answered_stacked_with_errors_beside_the_values():
 
 
 def test_answers_that_cannot_be_stacked_go_as_a_list():
-    stacked = pack([(k, rows(1, 1.0), None, None) for k in range(2)])
-    listed = [(0, rows(1, 1.0), None), (1, None, None)]
-    assert list(entries(listed)) == listed
+    stacked = pack([Entry(k, rows(1, 1.0)) for k in range(2)])
     for out in ([(0, rows(1, 1.0), None), (1, {"a": rows(1, 1.0)}, None)],  # a dict value
                 [(0, rows(1, 1.0), None), (1, rows(1, 1.0, 5), None)],  # rows differ
                 [(0, None, QueueFull("x")), (1, None, QueueFull("y"))]):  # no value at all
         assert pack_outcomes(stacked, out) is out
         assert list(outcomes(out)) == out
-    plain = [(0, rows(1, 1.0), None, None), (1, rows(1, 1.0), None, None)]
+    plain = [Entry(0, rows(1, 1.0)), Entry(1, rows(1, 1.0))]
     answer = [(0, rows(1, 1.0), None), (1, rows(1, 1.0), None)]
     assert pack_outcomes(plain, answer) is answer  # a list bundle gets a list answer
 
@@ -88,5 +96,20 @@ def test_a_zero_dimensional_item_keeps_the_bundle_a_list():
 
     from deployments.bundles import pack
 
-    bundle = [(1, np.zeros(3, np.float32), None, None), (2, np.ones((), np.float32), None, None)]
+    bundle = [Entry(1, np.zeros(3, np.float32)), Entry(2, np.ones((), np.float32))]
     assert pack(bundle) is bundle
+
+
+def test_an_entry_off_the_wire_is_checked_once_by_entries():
+    import pytest
+
+    from batching.errors import InvalidRequest
+
+    listed = [(0, rows(1, 1.0), 2, 0.5), Entry(1, rows(1, 2.0), requests=4)]
+    got = list(entries(listed))
+    assert [type(e) for e in got] == [Entry, Entry]
+    assert (got[0].key, got[0].priority, got[0].timeout_s, got[0].requests) == (0, 2, 0.5, 1)
+    assert got[1].requests == 4
+    for bad in ([(0,)], [{"key": 0}], [(0, 1, 2, 3, 4, 5, 6)], "not a list"):
+        with pytest.raises(InvalidRequest, match="entr"):
+            list(entries(bad))

@@ -18,6 +18,7 @@ from batching.errors import Overloaded
 from cluster.config import load_config
 from deployments import transit
 from deployments.batcher import BatcherActor
+from deployments.bundles import Entry
 
 
 @pytest.fixture
@@ -63,14 +64,15 @@ def test_what_is_not_a_stamp_counts_as_none(on_node, sent):
 
 def test_the_transit_comes_off_the_timeout_and_the_rest_of_the_entry_stays():
     control = ("seq-1", True, False)
-    assert transit.less_transit(("k", [1], 2, 5.0, control), 1.5) == ("k", [1], 2, 3.5, control)
-    assert transit.less_transit(("k", [1], None, 5.0), 0.0) == ("k", [1], None, 5.0)
-    assert transit.less_transit(("k", [1], None, None), 9.0) == ("k", [1], None, None)
+    assert transit.less_transit(Entry("k", [1], 2, 5.0, control, 3), 1.5) == \
+        Entry("k", [1], 2, 3.5, control, 3)
+    assert transit.less_transit(Entry("k", [1], None, 5.0), 0.0) == Entry("k", [1], None, 5.0)
+    assert transit.less_transit(Entry("k", [1]), 9.0) == Entry("k", [1], None, None)
 
 
 def test_a_request_whose_timeout_passed_on_the_way_is_refused_with_retry_after():
     with pytest.raises(Overloaded) as e:
-        transit.less_transit(("k", [1], None, 0.5), 2.0)
+        transit.less_transit(Entry("k", [1], None, 0.5), 2.0)
     assert "spent 2.00 s reaching its batching actor" in str(e.value)
     assert "timeout of 0.50 s" in str(e.value)
     assert e.value.retry_after_s == pytest.approx(1.5)
