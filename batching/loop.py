@@ -134,6 +134,16 @@ class LoopHost(ABC, Generic[E]):
         self._idle = asyncio.Event()  # set while no request is open
         self._idle.set()
         self.closed_reason: str | None = None
+        self._slots: list[Any] = []  # one per replica: its `client` and what it has in flight
+
+    @property
+    def replicas(self) -> list[Any]:
+        """The replica clients, in the order they were added."""
+        return [s.client for s in self._slots]
+
+    def _slot_of(self, client: Any) -> Any:
+        """`client`'s slot, or None once it was removed."""
+        return next((s for s in self._slots if s.client is client), None)
 
     @abstractmethod
     def _pump(self) -> None:

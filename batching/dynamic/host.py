@@ -96,7 +96,6 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.ledger = Ledger(policy.preserve_ordering)
         self.max_inflight = max_inflight
         self._on_replica_died = on_replica_died or (lambda client: None)
-        self._slots: list[ReplicaSlot] = []
         self._open: dict[RequestId, OpenRequest] = {}
         self._inflight: dict[int, Dispatched] = {}
         self.replica_deaths = 0
@@ -105,9 +104,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self._answer_by: list[tuple[float, int]] = []  # heap: (deadline + grace, batch id)
 
     # -- replicas -------------------------------------------------------------------------
-    @property
-    def replicas(self) -> list[ReplicaClient]:
-        return [s.client for s in self._slots]
+    _slots: list[ReplicaSlot]
 
     def add_replica(self, client: ReplicaClient) -> None:
         self._slots.append(ReplicaSlot(client))
@@ -130,7 +127,8 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.engine.replicas = max(len(self._slots), 1)
 
     def outstanding(self, client: ReplicaClient) -> int:
-        return next((s.inflight for s in self._slots if s.client is client), 0)
+        slot = self._slot_of(client)
+        return 0 if slot is None else slot.inflight
 
     @property
     def queued_work(self) -> int:

@@ -189,7 +189,6 @@ class IterativeHost(LoopHost[IterativeScheduler]):
         self.engine = IterativeScheduler(policy)
         self._count_tokens = count_tokens
         self._on_replica_died = on_replica_died or (lambda client: None)
-        self._slots: list[_Slot] = []
         self._open: dict[RequestId, _Gen] = {}
         # Every request ends once: completed, failed (an error) or cancelled (its client's
         # cancel or hang-up), so the three add up to the requests that ended.
@@ -198,9 +197,7 @@ class IterativeHost(LoopHost[IterativeScheduler]):
                         "first_text_s": 0.0, "first_texts": 0}
 
     # -- replicas -------------------------------------------------------------------------
-    @property
-    def replicas(self) -> list[StepReplicaClient]:
-        return [s.client for s in self._slots]
+    _slots: list[_Slot]
 
     def add_replica(self, client: StepReplicaClient) -> None:
         slot = _Slot(client)
@@ -212,7 +209,7 @@ class IterativeHost(LoopHost[IterativeScheduler]):
                        why: str = "the replica generating this request was removed") -> None:
         """Stop using `client`: its sequences fail with WorkerDied (`why`), except those
         that streamed nothing yet, which are requeued once; a late answer is ignored."""
-        slot = next((s for s in self._slots if s.client is client), None)
+        slot = self._slot_of(client)
         if slot is None:
             return
         slot.removed = True

@@ -89,7 +89,6 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         self.engine = SequenceBatcher(policy)
         self.max_inflight = max_inflight
         self._on_replica_died = on_replica_died or (lambda client: None)
-        self._slots: list[ReplicaSlot] = []
         self._open: dict[RequestId, OpenRequest] = {}
         self._inflight: dict[int, SequenceBatch] = {}
         self.replica_deaths = 0
@@ -97,9 +96,7 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         self.release_failures = 0
 
     # -- replicas -------------------------------------------------------------------------
-    @property
-    def replicas(self) -> list[SequenceReplicaClient]:
-        return [s.client for s in self._slots]
+    _slots: list[ReplicaSlot]
 
     def add_replica(self, client: SequenceReplicaClient) -> None:
         slot = ReplicaSlot(client)
@@ -313,9 +310,6 @@ class SequenceHost(LoopHost[SequenceBatcher]):
         except Exception as e:  # the replica boundary: log it, the state leaks at worst
             self.release_failures += 1
             log.warning("releasing sequences %s on %s failed: %s", ids[:8], slot.client.name, e)
-
-    def _slot_of(self, client: SequenceReplicaClient) -> ReplicaSlot | None:
-        return next((s for s in self._slots if s.client is client), None)
 
     def _resolve(self, request_id: RequestId, value: Any = None,
                  error: BaseException | None = None) -> None:
