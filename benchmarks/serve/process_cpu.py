@@ -1,0 +1,107 @@
+"""Where a request's CPU goes, process by process, on each shape `benchmarks.peers` runs.
+
+    flock /tmp/raybatch-ray.lock python -m benchmarks.serve.process_cpu \
+        [--shapes actor inproc] [--concurrency 128] [--duration 10] [--rounds 2]
+
+Starts `raybatch up` as `benchmarks.peers` does (the demo's mlp alone, one replica: the
+mission's shape with a batching actor and a replica actor, or the in-process shortcut),
+drives it with wrk (OIP binary) and reads each Ray process's user and system CPU from
+/proc over the timed window, per request answered. The shapes alternate, `--rounds`
+times, so a neighbour's load falls on both. What it answers: which process pays what
+the in-process shortcut does not (the batching actor's and the replica's own work, the
+hops between them), and whether that is user time (Python) or system time (sockets,
+wake-ups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from benchmarks.common.wrk import run_wrk
+from benchmarks.peers.systems import start_raybatch, stop
+from benchmarks.serve.models import bench_models
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+ROLES = ("ServeReplica", "BatcherActor", "ModelReplica", "ProxyActor", "ServeController",
+         "raylet", "gcs_server")  # the Ray processes of one `raybatch up`, by name
+
+
+def ray_processes() -> dict[str, list[int]]:
+    """Role -> pids of the live Ray processes (by their command line)."""
+    out: dict[str, list[int]] = {}
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    for line in ps.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        role = next((r for r in ROLES if r in args), None)
+        if role is not None:
+            out.setdefault(role, []).append(int(pid))
+    return out
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(user, system) seconds of `pid`; zeros once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def measure(shape: str, connections: int, duration_s: float, port: int) -> dict:
+    x = bench_models()["mlp"].payloads(1)[0]
+    server = start_raybatch(x, port, Path(tempfile.mkdtemp()), None, inproc=shape == "inproc")
+    try:
+        binary = server.variants[0]
+        url = server.base_url + binary.path
+        run_wrk(url, binary.body, binary.headers, connections=connections, duration_s=3)
+        roles = ray_processes()
+        before = {r: [cpu_s(p) for p in pids] for r, pids in roles.items()}
+        result = run_wrk(url, binary.body, binary.headers, connections=connections,
+                         duration_s=duration_s)
+        n = result.requests or 1
+        per_role = {}
+        for role, pids in roles.items():
+            user = sum(cpu_s(p)[0] - b[0] for p, b in zip(pids, before[role]))
+            system = sum(cpu_s(p)[1] - b[1] for p, b in zip(pids, before[role]))
+            per_role[role] = (1e6 * user / n, 1e6 * system / n)
+        return {"shape": shape, "req_s": result.throughput_rps, "p50_ms": result.p50_ms,
+                "errors": result.errors, "us_per_request": per_role}
+    finally:
+        stop(server)
+
+
+def render(row: dict) -> str:
+    parts = [f"{row['shape']:7s} {row['req_s']:9,.0f} req/s  p50 {row['p50_ms']:6.2f} ms"]
+    total = 0.0
+    for role in ROLES:
+        if role in row["us_per_request"]:
+            user, system = row["us_per_request"][role]
+            total += user + system
+            parts.append(f"  {role:15s} user {user:6.1f}  sys {system:6.1f} µs/req")
+    parts.append(f"  {'all':15s} {total:6.1f} µs/req")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", nargs="+", choices=("actor", "inproc"),
+                   default=["actor", "inproc"])
+    p.add_argument("--concurrency", type=int, default=128)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--port", type=int, default=18200)
+    args = p.parse_args(argv)
+    for _ in range(args.rounds):
+        for shape in args.shapes:
+            print(render(measure(shape, args.concurrency, args.duration, args.port)),
+                  flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
