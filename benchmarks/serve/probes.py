@@ -164,11 +164,7 @@ class HttpFront:
         from aiohttp import web
 
         from batching.errors import InvalidRequest
-        from deployments.protocol.infer import (
-            encode_infer_response,
-            error_body,
-            parse_infer_request,
-        )
+        from deployments.protocol import encode_infer_response, error_body, parse_infer_request
 
         try:
             req = parse_infer_request(await request.read(), request.headers, self.spec, 1 << 26)

@@ -26,7 +26,7 @@ from cluster.config import TensorConfig
 from deployments.protocol import PayloadTooLarge
 from deployments.protocol.binary import decode_binary, encode_binary, num_elements
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
-from deployments.protocol.infer import InferRequest, RequestedOutput
+from deployments.protocol.request import InferRequest, RequestedOutput
 from deployments.protocol.wording import unexpected_input, wrong_datatype
 
 # The typed field of InferTensorContents for each datatype (FP16: raw only).

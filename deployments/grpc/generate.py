@@ -43,7 +43,7 @@ from deployments.grpc.stubs import service_pb2 as pb
 from deployments.protocol import PayloadTooLarge
 from deployments.protocol.binary import encode_binary, num_elements
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype
-from deployments.protocol.infer import RequestedOutput
+from deployments.protocol.request import RequestedOutput
 
 PROMPT = "text_input"
 TEXT = "text_output"

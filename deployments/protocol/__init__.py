@@ -8,8 +8,8 @@ The ingress moves bytes and headers; everything a body means is decided here.
     jsondata.py   tensor data as JSON `data` lists, strictly, both ways (orjson, numpy)
     binary.py     the binary tensor extension, and a request's inputs checked against the
                   model's tensors and the request limits
-    infer.py      an infer request's body and headers -> arrays and parameters; outputs ->
-                  a response body (in parts, for zero-copy) and headers; strict JSON; the
+    request.py    an infer request's body and headers -> arrays and parameters; strict JSON
+    response.py   outputs -> a response body (in parts, for zero-copy) and headers; the
                   error body
     generate.py   the generate extension: request bodies, responses, SSE events
     limits.py     RequestLimits (what one request may carry); `shown`, a bounded repr
@@ -21,17 +21,6 @@ message that says what was wrong and how to fix it.
 from deployments.protocol.binary import INFER_HEADER_LENGTH, PayloadTooLarge, encode_binary
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
 from deployments.protocol.generate import generate_response, parse_generate_body, sse_event
-from deployments.protocol.infer import (
-    InferRequest,
-    LowerHeaders,
-    RequestedOutput,
-    check_content_length,
-    encode_infer_raw,
-    encode_infer_response,
-    error_body,
-    load_json,
-    parse_infer_request,
-)
 from deployments.protocol.limits import RequestLimits, shown
 from deployments.protocol.metadata import (
     DEFAULT_EXTENSIONS,
@@ -50,6 +39,15 @@ from deployments.protocol.metadata import (
     server_metadata_json,
     stats_json,
 )
+from deployments.protocol.request import (
+    InferRequest,
+    LowerHeaders,
+    RequestedOutput,
+    check_content_length,
+    load_json,
+    parse_infer_request,
+)
+from deployments.protocol.response import encode_infer_raw, encode_infer_response, error_body
 
 __all__ = [
     "DEFAULT_EXTENSIONS",

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from batching.errors import InvalidRequest
-from deployments.protocol.infer import load_json
 from deployments.protocol.limits import shown
+from deployments.protocol.request import load_json
 
 TOP_LEVEL = ("id", "text_input", "parameters")
 _SCALARS = (str, int, float, bool, type(None))

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from batching.errors import InvalidRequest
-from deployments.protocol.infer import load_json
 from deployments.protocol.limits import shown
+from deployments.protocol.request import load_json
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # ours -> OpenAI's
 MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
