@@ -59,6 +59,7 @@ __all__ = [
 
 _RESERVED_PREFIX = "triton_"
 
+
 class RequestedOutput(NamedTuple):
     """An output the client asked for, and whether it wants it as binary data."""
 
