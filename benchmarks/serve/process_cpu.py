@@ -5,8 +5,8 @@
 
 Starts `raybatch up` as `benchmarks.peers` does (the demo's mlp alone, one replica: the
 mission's shape with a batching actor and a replica actor, or the in-process shortcut),
-drives it with wrk (OIP binary) and reads each Ray process's user and system CPU from
-/proc over the timed window, per request answered. The shapes alternate, `--rounds`
+checks its answer, drives it with wrk (OIP binary) and reads each Ray process's user and
+system CPU from /proc over the timed window, per request answered. The shapes alternate, `--rounds`
 times, so a neighbour's load falls on both. What it answers: which process pays what
 the in-process shortcut does not (the batching actor's and the replica's own work, the
 hops between them), and whether that is user time (Python) or system time (sockets,
@@ -22,8 +22,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common.wrk import run_wrk
+from benchmarks.peers.__main__ import model_input_and_answer
+from benchmarks.peers.measure import check_answer
 from benchmarks.peers.systems import start_raybatch, stop
-from benchmarks.serve.models import bench_models
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROLES = ("ServeReplica", "BatcherActor", "ModelReplica", "ProxyActor", "ServeController",
@@ -53,11 +54,12 @@ def cpu_s(pid: int) -> tuple[float, float]:
 
 
 def measure(shape: str, connections: int, duration_s: float, port: int) -> dict:
-    x = bench_models()["mlp"].payloads(1)[0]
+    x, expected = model_input_and_answer()
     server = start_raybatch(x, port, Path(tempfile.mkdtemp()), None, inproc=shape == "inproc")
     try:
         binary = server.variants[0]
         url = server.base_url + binary.path
+        check_answer(url, binary.body, binary.headers, binary.decode, expected)  # or raise
         run_wrk(url, binary.body, binary.headers, connections=connections, duration_s=3)
         roles = ray_processes()
         before = {r: [cpu_s(p) for p in pids] for r, pids in roles.items()}
