@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 from batching import BatchedService, DynamicPolicy
 from benchmarks.common.loadgen import run_closed_loop
 from benchmarks.common.models import MODELS, measure_ceiling
+from benchmarks.common.results import save_json
 from benchmarks.engine.seed_design import SeedService
 
 CONCURRENCIES = (1, 16, 128, 512)
@@ -186,9 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     print(render(results))
     print(f"\nwall {results['wall_s']:.0f} s, load average {results['machine']['loadavg_start']}"
           f" -> {results['machine']['loadavg_end']} on {results['machine']['cpus']} CPUs")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    save_json(args.json, results)
 
 
 if __name__ == "__main__":

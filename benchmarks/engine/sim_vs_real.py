@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 
 import numpy as np
@@ -31,6 +30,7 @@ from batching.simulate.arrivals import ClosedLoop, Poisson
 from batching.simulate.engine import simulate
 from benchmarks.common.loadgen import run_closed_loop
 from benchmarks.common.models import sleep_payloads
+from benchmarks.common.results import save_json
 from deployments.models import Sleep
 
 A_S, B_S = 0.002, 0.00005
@@ -150,10 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                      "throughput_error": err_t, "p50_error": err_p})
     print(f"\n{'PASS' if ok else 'FAIL'}: simulator within {TOLERANCE:.0%} of the real host "
           "on throughput and p50 at every point")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model_a_s": cost[0], "model_b_s": cost[1], "hop_s": cost[2],
-                       "points": rows, "pass": ok}, f, indent=2)
+    save_json(args.json, {"model_a_s": cost[0], "model_b_s": cost[1], "hop_s": cost[2],
+                          "points": rows, "pass": ok})
     return 0 if ok else 1
 
 

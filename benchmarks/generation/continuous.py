@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -40,6 +39,7 @@ from batching.iterative.generative import Generator
 from batching.iterative.host import IterativeHost, LocalStepClient, TokenEvent
 from batching.iterative.policy import IterativePolicy
 from batching.iterative.scheduler import GenerateRequest
+from benchmarks.common.results import save_json
 
 MODES = ("continuous", "lockstep", "none")
 TARGET_SPEEDUP = 2.0
@@ -206,9 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     result = asyncio.run(main_async(args))
     print(render(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    save_json(args.json, result)
 
 
 if __name__ == "__main__":

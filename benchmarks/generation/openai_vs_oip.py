@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import resource
@@ -63,6 +62,7 @@ import numpy as np
 import orjson
 import yaml
 
+from benchmarks.common.results import save_json
 from benchmarks.common.up import interrupt, start, wait_started
 from benchmarks.generation.continuous import workload
 from benchmarks.generation.over_http import machine_busy_s
@@ -425,8 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
     print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    save_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.results import save_json
 from benchmarks.generation.continuous import MODES, Job, ratios, run_mode, summarize, workload
 from cluster.ports import free_port
 
@@ -421,9 +422,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.ingress}; wall {result['wall_s']:.0f} s; load average "
           f"{result['machine']['loadavg_start'][0]:.1f} -> "
           f"{result['machine']['loadavg_end'][0]:.1f} on {result['machine']['cpus']} CPUs")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    save_json(args.json, result)
 
 
 if __name__ == "__main__":

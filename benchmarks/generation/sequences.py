@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from batching.sequence.batcher import SequenceRequest
 from batching.sequence.host import SequenceHost
 from batching.sequence.policy import SequencePolicy
 from batching.sequence.stateful import SequenceBatchInput, StateStore
+from benchmarks.common.results import save_json
 from deployments.models.stateful import GRU
 
 # torch loads lazily (in GRU.setup), so this still reaches OpenMP before it starts.
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{fig['p99_ms']:8.2f} {fig['batches']:8d} {fig['mean_batch_size']:8.2f}")
     for name, ratio in out["speedup_vs_unbatched"].items():
         print(f"{name} / unbatched throughput: {ratio:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    save_json(args.json, out)
     return out
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import subprocess
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.loadgen import run_closed_loop
+from benchmarks.common.results import save_json
 from benchmarks.serve.drivers import HttpDriver, StatsPoller, http_body, tree_cpu_s
 
 APP, PREFIX, MODEL = "grpcbench", "/grpcbench", "mlp"
@@ -234,9 +234,7 @@ def main() -> None:
     results = asyncio.run(main_async(args))
     results["wall_s"] = time.perf_counter() - t0
     print(report(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    save_json(args.json, results)
 
 
 if __name__ == "__main__":

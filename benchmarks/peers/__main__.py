@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.results import save_json
 from benchmarks.peers import install
 from benchmarks.peers.measure import WrongAnswer, check_answer, run_wrk, timed_window
 from benchmarks.peers.report import render, targets, with_ratios
@@ -217,8 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print(f"\nload average {loads(results['loadavg_start'])} -> {loads(results['loadavg_end'])} on "
           f"{results['machine']['nproc']} CPUs ({results['machine']['cpu_model']})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    save_json(args.json, results)
     if args.results:
         write_results(args.results, results, table)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import subprocess
@@ -38,6 +37,7 @@ from typing import Any
 from batching import BatchedService, DynamicPolicy
 from benchmarks.common.loadgen import processes, run_closed_loop
 from benchmarks.common.models import mlp_payloads
+from benchmarks.common.results import save_json
 from cluster.config import ReplicaConfig
 from cluster.pinning import CORES_FILE_ENV, pin_replica
 from deployments.models import MLP
@@ -178,11 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args))
     print(render(result))
     print(f"({time.perf_counter() - t0:.0f} s; load {os.getloadavg()[0]:.2f})")
-    if args.json:
-        meta = {"machine": platform.machine(), "cpus": os.cpu_count(),
-                "args": vars(args), "load1_before": load_before,
-                "load1_after": os.getloadavg()[0]}
-        Path(args.json).write_text(json.dumps({"meta": meta, **result}, indent=1))
+    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "args": vars(args),
+            "load1_before": load_before, "load1_after": os.getloadavg()[0]}
+    save_json(args.json, {"meta": meta, **result})
     return 0
 
 

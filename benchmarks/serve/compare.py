@@ -56,6 +56,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from benchmarks.common.results import save_json
 from benchmarks.serve.measure import fetchers, handle_submits, measure, measure_wrk
 from benchmarks.serve.models import BenchModel, bench_models, ceiling, raybatch_config
 from benchmarks.serve.report import MINILM_C, SLEEP_C, render, targets
@@ -355,9 +356,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--custom: {e}") from None
     if len(args.ingress) > 1:
         merged = run_variants(args)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(merged, f, indent=2)
+        save_json(args.json, merged)
         return
     s = replace(QUICK if args.quick else FULL, port=args.port, ingress=args.ingress[0],
                 paths=tuple(args.paths), binary_http=not args.json_http, probes=args.probes,
@@ -376,9 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nvariant {s.ingress}; wall {results['wall_s']:.0f} s; load average "
           f"{results['machine']['loadavg_start']} -> {results['machine']['loadavg_end']} "
           f"on {results['machine']['cpus']} CPUs")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    save_json(args.json, results)
 
 
 if __name__ == "__main__":

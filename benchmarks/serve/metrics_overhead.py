@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import time
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.results import save_json
 from benchmarks.serve.models import MAX_BATCH_SIZE, bench_models, raybatch_config
 from benchmarks.serve.settings import FULL, configure_environment
 
@@ -268,9 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         for path, s in by_path.items():
             print(render(model, path, s, args.concurrency))
     print(f"wall {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    save_json(args.json, results)
 
 
 if __name__ == "__main__":
