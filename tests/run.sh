@@ -6,10 +6,11 @@
 #           are no longer both busy), then the own server's differential fuzzer against
 #           h11 (its streams cached: test_differential.py), then the own-Ray tests of
 #           LANE1_OWN_RAY (a token-auth cluster on a Ray temp dir, HOME and ports of its
-#           own, every address given: nothing a local Ray of lane 2 would find);
-#   lane 2: the unit tests (no Ray: CPU-bound, most of them the own HTTP server's hostile
-#           and differential cases; the native front's with the front built with ASan
-#           and UBSan, tests/sanitize.sh), then the tests that start a Ray of their own
+#           own, every address given: nothing a local Ray of lane 2 would find), then the
+#           unit tests of LANE1_UNIT (no Ray; the HTTP servers' own tests, on free ports);
+#   lane 2: the other unit tests (no Ray: CPU-bound; the native front's with the front
+#           built with ASan and UBSan, tests/sanitize.sh), then the tests that start a Ray
+#           of their own
 #           (marker `own_ray`: `raybatch up` in a process of its own, cluster scenarios),
 #           on free ports of their own, but those of LANE1_OWN_RAY.
 # Every test still runs on every push but those marked `soak` (they measure: `make soak`;
@@ -29,13 +30,15 @@ took() { echo "---- $1 took $(( $(date +%s) - start )) s from the start ----"; }
 # The own server's h11 differential fuzzer runs in lane 1 (after the notebooks), the
 # front's in lane 2: each lane about half of the suite.
 H11_FUZZ=tests/unit/deployments/http/test_differential.py
-# Own-Ray tests that run at the end of lane 1 instead (each lane then ends about together).
+# Own-Ray and unit tests that run at the end of lane 1 instead (each lane then ends about
+# together; the suite keeps both cores busy throughout, so an idle lane is lost time).
 LANE1_OWN_RAY=(tests/integration/test_cluster_auth.py)
+LANE1_UNIT=tests/unit/deployments/http
 (
   front_tests=$(bash tests/sanitize.sh --list)
   # shellcheck disable=SC2046
   "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit \
-    $(printf -- '--ignore=%s ' $front_tests $H11_FUZZ)
+    $(printf -- '--ignore=%s ' $front_tests $H11_FUZZ "$LANE1_UNIT")
   unit_rc=$?
   took "tests/unit"
   PY="$PY" bash tests/sanitize.sh
@@ -74,10 +77,16 @@ took "the h11 differential"
   "${LANE1_OWN_RAY[@]}"
 lane1_own_rc=$?
 took "the own-Ray tests of lane 1 (${LANE1_OWN_RAY[*]})"
+front_tests=$(bash tests/sanitize.sh --list)
+# shellcheck disable=SC2046
+"$PY" -m pytest -q -p no:cacheprovider --durations=5 "$LANE1_UNIT" \
+  $(printf -- '--ignore=%s ' $front_tests $H11_FUZZ)
+lane1_unit_rc=$?
+took "the unit tests of lane 1 ($LANE1_UNIT)"
 wait "$lane2"
 lane2_rc=$?
 echo "---- lane 2 (ran beside the above): tests/unit, then the own-Ray tests ----"
 cat "$lane2_log"
 echo "---- the suite took $(( $(date +%s) - start )) s ----"
 [ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$ray_nb_rc" = 0 ] && [ "$fuzz_rc" = 0 ] &&
-  [ "$lane1_own_rc" = 0 ] && [ "$lane2_rc" = 0 ]
+  [ "$lane1_own_rc" = 0 ] && [ "$lane1_unit_rc" = 0 ] && [ "$lane2_rc" = 0 ]
