@@ -70,9 +70,7 @@ def dynamic_policy(config: ModelConfig) -> DynamicPolicy:
 def submit_bundle_item(host: Host, kind: str, request_id: int, entry: Entry) -> asyncio.Future:
     """Submit one bundle entry; its future. Raises the request's error (InvalidRequest,
     QueueFull, UnknownSequence...) at once."""
-    items, priority, timeout_s, control = entry.items, entry.priority, entry.timeout_s, \
-        entry.control
-    requests = entry_requests(entry)
+    items, control = entry.items, entry.control
     if kind == "sequence":
         if control is None:
             raise InvalidRequest("this model is stateful: every request needs sequence_id "
@@ -82,12 +80,12 @@ def submit_bundle_item(host: Host, kind: str, request_id: int, entry: Entry) -> 
                                  f"{len(items)}: send them one request at a time")
         sequence_id, start, end = control
         return host.submit(SequenceRequest(request_id, sequence_id, items[0], bool(start),
-                                           bool(end), timeout_s))
+                                           bool(end), entry.timeout_s))
     if kind == "iterative":
         raise InvalidRequest("this model is generative: use generate or generate_stream "
                              "(POST /v2/models/{name}/generate)")
-    return host.submit(Request(request_id, items, False, priority, timeout_s, len(items),
-                               requests))
+    return host.submit(Request(request_id, items, False, entry.priority, entry.timeout_s,
+                               len(items), entry_requests(entry)))
 
 
 def entry_requests(entry: Entry) -> int:

@@ -37,7 +37,15 @@ from benchmarks.common.results import save_json
 from benchmarks.peers import install
 from benchmarks.peers.measure import WrongAnswer, check_answer, run_wrk, timed_window
 from benchmarks.peers.report import render, targets, with_ratios
-from benchmarks.peers.systems import PORT_OFFSET, SYSTEMS, Server, log_tail, starters, stop
+from benchmarks.peers.systems import (
+    PORT_OFFSET,
+    SYSTEMS,
+    Server,
+    log_tail,
+    model_input_and_answer,
+    starters,
+    stop,
+)
 
 LOCK = "/tmp/raybatch-ray.lock"
 WARMUP_S = 2.0
@@ -68,18 +76,6 @@ def machine_lock(path: str = LOCK) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def model_input_and_answer() -> tuple[np.ndarray, np.ndarray]:
-    """The one request item every system gets, and the model's own answer to it."""
-    from batching.model import run_batch
-    from benchmarks.serve.models import bench_models
-    from deployments.models import MLP
-
-    x = bench_models()["mlp"].payloads(1)[0]  # [1, 256] float32, seeded
-    model = MLP()
-    model.setup("cpu")
-    return x, np.asarray(run_batch(model, x), dtype=np.float32)
 
 
 def measure_server(server: Server, expected: np.ndarray, duration_s: float,

@@ -223,6 +223,18 @@ def file_stats(path: Path) -> Callable[[], tuple[int, int] | None]:
     return read
 
 
+def model_input_and_answer() -> tuple[np.ndarray, np.ndarray]:
+    """The one request item every system gets, and the model's own answer to it."""
+    from batching.model import run_batch
+    from benchmarks.serve.models import bench_models
+    from deployments.models import MLP
+
+    x = bench_models()["mlp"].payloads(1)[0]  # [1, 256] float32, seeded
+    model = MLP()
+    model.setup("cpu")
+    return x, np.asarray(run_batch(model, x), dtype=np.float32)
+
+
 # -- the systems ------------------------------------------------------------------------------
 def raybatch_config(tmp: Path, inproc: bool = False) -> Path:
     """The demo config with only its mlp, at one replica (one model instance); `inproc`:

@@ -22,9 +22,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common.wrk import run_wrk
-from benchmarks.peers.__main__ import model_input_and_answer
 from benchmarks.peers.measure import check_answer
-from benchmarks.peers.systems import start_raybatch, stop
+from benchmarks.peers.systems import model_input_and_answer, start_raybatch, stop
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ROLES = ("ServeReplica", "BatcherActor", "ModelReplica", "ProxyActor", "ServeController",

@@ -24,8 +24,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("batching", "cluster", "deployments")
 VENDORED = ROOT / "deployments" / "http" / "llhttp"
-# Files with a figure still to be rewritten; each must still hold one (else drop it).
-TO_REWRITE: set[str] = set()
 
 _N = r"\d[\d,.]*(?:\s*(?:-|–|to|->|→)\s*\d[\d,.]*)?"  # 12, 1,500, 1.1-3.5, 12 -> 1
 _COST = r"(?:~\s*|about |costs? |took |takes? |spends? |spent |measured )"
@@ -61,17 +59,10 @@ def _figures(path: Path) -> list[str]:
 
 
 def test_no_docstring_quotes_a_measured_speed():
-    bad, clean = [], []
-    for path in _modules():
-        name = path.relative_to(ROOT).as_posix()
-        figures = _figures(path)
-        if name in TO_REWRITE:
-            clean += [] if figures else [name]
-        else:
-            bad += [f"{name}:{f}" for f in figures]
+    bad = [f"{path.relative_to(ROOT).as_posix()}:{f}" for path in _modules()
+           for f in _figures(path)]
     assert bad == [], ("say why in words and name the benchmark that measures it; the "
                        "figure goes to docs/performance.md:\n" + "\n".join(bad))
-    assert clean == [], f"no figure left: take these off TO_REWRITE: {clean}"
 
 
 def test_the_guard_catches_what_it_is_for():
