@@ -16,6 +16,7 @@ COPY --chown=1000:100 pyproject.toml setup.py constraints.txt README.md ./
 COPY --chown=1000:100 batching ./batching
 COPY --chown=1000:100 cluster ./cluster
 COPY --chown=1000:100 deployments ./deployments
+COPY --chown=1000:100 raybatch ./raybatch
 COPY --chown=1000:100 benchmarks ./benchmarks
 RUN pip install --no-cache-dir -c constraints.txt ".[embeddings]" \
     && raybatch --help > /dev/null

@@ -17,7 +17,7 @@ SYSDEPS := prometheus wrk
 
 # An existing venv is kept (`python -m venv` again would only reinstall pip, 3 s, before the
 # upgrade below); the installs run again whenever a file named here changes.
-$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/_front.c deployments/http/llhttp/llhttp.c
+$(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/native/_front.c deployments/http/native/llhttp/llhttp.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0

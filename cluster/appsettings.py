@@ -62,14 +62,14 @@ class IngressConfig(BaseModel):
     port: int = Field(default=8000, ge=1, le=65535)
     """Serve's HTTP front (HAProxy, or Serve's proxy, in front of the replicas)."""
     native_port: int | None = Field(default=None, ge=1, le=65535)
-    """Port of Raybatch's own HTTP/1.1 server (`deployments.http.server`), started in
+    """Port of Raybatch's own HTTP/1.1 server (`deployments.http.pyserver.server`), started in
     every ingress replica beside Serve's front; the replicas of a node share it
     (SO_REUSEPORT), on `host`. Same routes, limits and errors as `port`, with about a
     third less CPU per request than uvicorn under Serve; it bypasses Serve's proxy and
     HAProxy (the kernel spreads connections across a node's replicas). None: Serve's
     front only."""
     native_front: bool = True
-    """Own HTTP server: its sockets on a native thread (`deployments.http.front`), and the
+    """Own HTTP server: its sockets on a native thread (`deployments.http.native.front`), and the
     binary infer requests it has answered before queued there and handed to the engine in
     blocks, with Python entered per block, not per request. False (or where the C part was
     not compiled): the Python server alone. Same answers and errors either way."""

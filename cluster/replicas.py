@@ -38,7 +38,7 @@ class ReplicaConfig(BaseModel):
     `max_inflight_batches: 1`."""
     link: bool = True
     """A dynamic model's replica actor takes its batches on a direct TCP connection from
-    its engine (127.0.0.1 on its node, a token from a Ray call first; `deployments.link`)
+    its engine (127.0.0.1 on its node, a token from a Ray call first; `deployments.wire.link`)
     instead of a Ray call each (a Ray call costs far more CPU than a frame on a socket:
     `benchmarks.serve.ray_call`, `benchmarks.serve.transports`). One that reads
     ahead runs them on its device thread; one that does not, on the connection's own
@@ -129,7 +129,7 @@ class ReplicaConfig(BaseModel):
         share of `max_replicas`, rounded up); 0 when the replicas are actors."""
         return self.num_cpus * -(-self.max_replicas // parts) if self.in_process else 0.0
 
-    # -- the direct connections' keepalive (deployments.keepalive) --------------------------
+    # -- the direct connections' keepalive (deployments.wire.keepalive) --------------------------
     link_ping_s: float = Field(default=0.5, gt=0)
     """Seconds without a byte from the other end after which a direct connection's caller
     sends a ping (an empty frame, answered at once): the engine's connections to this

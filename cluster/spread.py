@@ -198,7 +198,7 @@ def _process_salt() -> str:
 
 @dataclass
 class ReplicaSpread:
-    """The spread decisions of one pool (`deployments.pool.ReplicaPool`). Pure but for
+    """The spread decisions of one pool (`deployments.replica.pool.ReplicaPool`). Pure but for
     `view`, `node_of` and `clock`, which tests replace.
 
     It remembers where each replica runs (the GCS's word, else the node it was sent to),

@@ -7,7 +7,7 @@ actor of the ingress, so Serve
 owns its lifecycle: deleting the app (or `serve shutdown`) stops the batching
 actors, and with them the replica actors they own. A model with
 `batcher.placement: ingress` has no batching actor: each ingress replica runs
-its engine and owns its replicas (`deployments.backends`).
+its engine and owns its replicas (`deployments.ingress.placement`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from cluster.config import ModelConfig, RaybatchConfig, load_default
 from cluster.modelpath import python_path_env
 from cluster.render import logging_config
 from cluster.spread import actor_placement
-from deployments.backends import batcher_actor_name
-from deployments.batcher import BatcherActor
+from deployments.batcher.actor import BatcherActor
 from deployments.http import REPLICA_ENV
-from deployments.ingress import Ingress
+from deployments.ingress.deployment import Ingress
+from deployments.ingress.placement import batcher_actor_name
 
 
 def build_app(config: RaybatchConfig) -> serve.Application:
@@ -57,7 +57,7 @@ def build_app(config: RaybatchConfig) -> serve.Application:
         deployment_actors=actors,
         # Serve force-kills a stopping replica this long after asking it to stop: room
         # for its own requests to finish, then for the batching actors' drain (its
-        # __del__, deployments.drain). Checked 4x a second, not every 2 s.
+        # __del__, deployments.ingress.drain). Checked 4x a second, not every 2 s.
         graceful_shutdown_timeout_s=2 * drain_s + 5,
         graceful_shutdown_wait_loop_s=0.25,
         logging_config=logging_config(config),  # WARNING: no access-log record per request

@@ -32,10 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if so:  # the native front as tests/sanitize.sh built it, in place of the installed one
         import importlib.util
         import sys
-        spec = importlib.util.spec_from_file_location("deployments.http._front", so)
+        spec = importlib.util.spec_from_file_location("deployments.http.native._front", so)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        sys.modules["deployments.http._front"] = module
+        sys.modules["deployments.http.native._front"] = module
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,
@@ -141,8 +141,8 @@ def app(ray_address, tmp_path_factory) -> App:
     """The shared app, deployed once on 127.0.0.1 at a free port."""
     from ray import serve
 
-    from cluster.cli.serving import grpc_options
     from deployments.app import build_app
+    from raybatch.serving import grpc_options
 
     port, grpc_port = free_port(), free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port},

@@ -27,7 +27,7 @@ so="$out/_front$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT
 "$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
   -fno-sanitize-recover=undefined \
   -I"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-  -Ideployments/http/llhttp deployments/http/_front.c deployments/http/llhttp/{api,http,llhttp}.c \
+  -Ideployments/http/native/llhttp deployments/http/native/_front.c deployments/http/native/llhttp/{api,http,llhttp}.c \
   -o "$so"
 # Python's own allocations are not the front's: leaks are not checked, everything else is.
 LD_PRELOAD="$asan" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \

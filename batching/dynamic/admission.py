@@ -210,7 +210,7 @@ class Admission:
         self._next_walk_s = -math.inf  # `shed` does not walk the queue before then
         # Requests refused or shed because the wait bound itself (not a request's own
         # shorter deadline) was reached: demand past what the replicas serve within it,
-        # the signal the replica pool scales up on (`deployments.pool`).
+        # the signal the replica pool scales up on (`deployments.replica.pool`).
         self.wait_refusals = 0
 
     def _finish_s(self, now: float, work: float) -> float:

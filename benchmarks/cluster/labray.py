@@ -106,7 +106,7 @@ class RayOnLab:
 
 def _raybatch() -> list[str]:
     here = Path(sys.executable).parent / "raybatch"
-    return [str(here)] if os.access(here, os.X_OK) else [sys.executable, "-m", "cluster.cli.main"]
+    return [str(here)] if os.access(here, os.X_OK) else [sys.executable, "-m", "raybatch.main"]
 
 
 def _tail(path: str | os.PathLike[str], chars: int = 3000) -> str:

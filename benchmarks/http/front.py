@@ -131,8 +131,8 @@ def serve(app_kind: str, port: int, loop: str, server: str = "uvicorn") -> None:
 
 
 def _serve_raybatch(app: Any, port: int, loop: str, quick: Any, front: bool = False) -> None:
-    from deployments.http.front import FrontServer
-    from deployments.http.server import HttpServer
+    from deployments.http.native.front import FrontServer
+    from deployments.http.pyserver.server import HttpServer
 
     async def main() -> None:
         if front:  # the OIP app itself: the front learns from its quick lane
@@ -240,8 +240,9 @@ def main() -> None:
     p.add_argument("--server", choices=["uvicorn", "raybatch", "raybatch-asgi", "raybatch-front",
                                         "both", "all"],
                    default="uvicorn",
-                   help="the HTTP server: uvicorn (as under Serve), deployments.http.server "
-                        "(raybatch: with the app's quick lane; raybatch-asgi: every request "
+                   help="the HTTP server: uvicorn (as under Serve), "
+                        "deployments.http.pyserver.server (raybatch: with the app's quick lane; "
+                        "raybatch-asgi: every request "
                         "through the ASGI app), both (uvicorn, raybatch) or all three")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--serve", choices=["raw", "fastapi", "noop"], help=argparse.SUPPRESS)

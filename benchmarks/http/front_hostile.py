@@ -1,6 +1,6 @@
 """The own HTTP server's resource bounds, measured: what hostile clients cost it.
 
-Starts `deployments.http.server.HttpServer` in a process of its own (uvloop, as in a
+Starts `deployments.http.pyserver.server.HttpServer` in a process of its own (uvloop, as in a
 Serve replica) with a small echo app, then:
 
 - **never-reading pipeliner**: one client pushes pipelined requests (up to 256 MiB) and
@@ -11,7 +11,7 @@ Serve replica) with a small echo app, then:
 
     python -m benchmarks.http.front_hostile --slowloris 1000 --push-mib 256 [--front]
 
-`--front`: the same through the native front (`deployments.http.front.FrontServer`: its
+`--front`: the same through the native front (`deployments.http.native.front.FrontServer`: its
 thread holds the sockets, the echo app's requests are the Python server's through it).
 
 Targets: RSS moved by <= 16 MiB for 256 MiB pushed; 1,000 slowloris connections delay
@@ -38,8 +38,8 @@ def serve(port: int, header_timeout_s: float, front: bool = False) -> None:
 
     import uvloop
 
-    from deployments.http.front import FrontServer
-    from deployments.http.server import HttpServer
+    from deployments.http.native.front import FrontServer
+    from deployments.http.pyserver.server import HttpServer
 
     async def app(scope, receive, send):
         n = 0

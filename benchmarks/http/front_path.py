@@ -52,9 +52,9 @@ class Stuck:
 
 def build_app(model: str = "mlp", replica: Any = None) -> Any:
     from cluster.config import load_config
-    from deployments.hosts import make_host
+    from deployments.batcher.hosts import make_host
     from deployments.http import HttpLimits, OipApp
-    from deployments.ingress import ServeBackend
+    from deployments.ingress.deployment import ServeBackend
 
     config = load_config(raybatch_config(bench_models()[model], "bench", "/",
                                          "ingress+idle"))

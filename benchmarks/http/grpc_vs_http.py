@@ -140,9 +140,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
     from ray import serve
 
-    from cluster.cli.serving import grpc_options
     from cluster.config import load_config
     from deployments.app import build_app
+    from raybatch.serving import grpc_options
 
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
              log_to_driver=False)

@@ -4,7 +4,7 @@
         [--items N] [--refuse] [--no-freeze] [--profile OUT.prof]
 
 What an ingress replica runs per HTTP infer request on its own server, without the
-sockets: C connections of `deployments.http.connection.Connection` on fake transports,
+sockets: C connections of `deployments.http.pyserver.connection.Connection` on fake transports,
 each fed a whole request (the bytes wrk sends) as soon as its previous answer is written,
 through the real app (`OipApp.quick`), `ServeBackend`, `ModelRoute`, `LocalEngine` and
 `BatchHost`, to a model replica that echoes its inputs (`front_path.Echo`). Left out: the
@@ -31,12 +31,12 @@ import numpy as np
 from benchmarks.http.front_path import Stuck, build_app, window_arguments
 from benchmarks.serve.drivers import http_body
 from deployments.heap import freeze_startup_heap
-from deployments.http.connection import FIRST_SLICE, Connection
-from deployments.http.server import TURN_READS, HttpServer
+from deployments.http.pyserver.connection import FIRST_SLICE, Connection
+from deployments.http.pyserver.server import TURN_READS, HttpServer
 
 
 class Server:
-    """What a Connection reads of its server (`deployments.http.server.HttpServer`)."""
+    """What a Connection reads of its server (`deployments.http.pyserver.server.HttpServer`)."""
 
     max_unsent_bytes, max_pipelined, max_header_bytes = 2**20, 16, 16 * 2**10
     max_head_bytes = 2 * max_header_bytes + FIRST_SLICE + 1024

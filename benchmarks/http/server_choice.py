@@ -39,7 +39,7 @@ ANSWER = ANSWER_BYTES
 async def main():
     loop = asyncio.get_running_loop()
     if KIND == "own":
-        from deployments.http.server import HttpServer
+        from deployments.http.pyserver.server import HttpServer
 
         async def asgi(scope, receive, send):  # every POST with a length takes the quick lane
             await send({"type": "http.response.start", "status": 404, "headers": []})

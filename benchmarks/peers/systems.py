@@ -254,7 +254,7 @@ def raybatch_config(tmp: Path, inproc: bool = False) -> Path:
 def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
                    inproc: bool = False) -> Server:
     native = port + 1
-    argv = [sys.executable, "-c", "from cluster.cli import main; main()", "up",
+    argv = [sys.executable, "-c", "from raybatch import main; main()", "up",
             "--config", str(raybatch_config(tmp, inproc)), "--host", "127.0.0.1",
             "--port", str(port), "--native-port", str(native)]
     name = "raybatch.inproc" if inproc else "raybatch"

@@ -10,7 +10,7 @@ one returns, so K batches are always in flight, as the engine keeps
 busy fraction (the compute time it reports, summed, over the wall time). With the
 pipeline full, anything below 1 is time the model waited for Ray between two batches:
 reading the next batch's arguments and writing the last one's results, which a replica
-with `replicas.read_ahead` overlaps with its model (`deployments.replica`); each K runs
+with `replicas.read_ahead` overlaps with its model (`deployments.replica.actor`); each K runs
 with it on and off, alternated. No HTTP, no engine: the number is the replica actor's
 own. (This process makes and reads every batch: with a fast CPU model it, not the
 replica, sets the pace, and busy stays well below 1 either way.)
@@ -32,7 +32,7 @@ async def measure(model: str, batches: int, batch_size: int, inflight: int,
                   read_ahead: bool) -> dict[str, Any]:
     """One replica actor, `batches` batches with `inflight` of them always outstanding."""
     from cluster.config import ModelConfig
-    from deployments.pool import ReplicaPool
+    from deployments.replica.pool import ReplicaPool
 
     bench = bench_models()[model]
     m = bench.config.model_dump(mode="json")

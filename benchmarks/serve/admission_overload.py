@@ -271,10 +271,10 @@ def deploy(config_path: Path, models: set[str]) -> tuple[Any, Any]:
     import yaml
     from ray import serve
 
-    from cluster.cli.serving import grpc_options
     from cluster.config import load_config
     from deployments.app import build_app
     from deployments.http import FAST_PATH_ENV
+    from raybatch.serving import grpc_options
     from tests.conftest import free_port
 
     os.environ.update(FAST_PATH_ENV)

@@ -44,7 +44,7 @@ from batching.errors import InvalidRequest
 from batching.model import instantiate, run_batch
 from benchmarks.serve.models import MAX_BATCH_SIZE, BenchModel, pin_process
 from cluster.config import ModelConfig, import_object
-from deployments.ingress import model_spec
+from deployments.ingress.deployment import model_spec
 from deployments.protocol import (
     INFER_HEADER_LENGTH,
     encode_infer_response,

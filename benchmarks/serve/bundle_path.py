@@ -13,7 +13,7 @@ Left out: Ray's own per-call cost (~0.1-0.2 ms a bundle on each side), the model
 At C=128 with batches of 64, the two halves (answer in the engine's process, then the
 callers, then the next bundle in the engine) are on the critical path one after the other
 (`benchmarks.serve.client_roundtrip`), so this figure times 64 is what must fit in one batch.
-`--unstacked` sends bundles as lists of tuples (as before `deployments.bundles`).
+`--unstacked` sends bundles as lists of tuples (as before `deployments.wire.bundles`).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class _Actor:
 
 def build(model: str) -> Any:
     from cluster.config import load_config
-    from deployments.backends import LocalEngine
-    from deployments.hosts import make_host
-    from deployments.route import ModelRoute
+    from deployments.batcher.hosts import make_host
+    from deployments.ingress.placement import LocalEngine
+    from deployments.ingress.route import ModelRoute
 
     config = load_config(raybatch_config(bench_models()[model], "bench", "/", "actor+idle"))
     [mc] = config.models
@@ -93,7 +93,7 @@ async def drive(route: Any, x: np.ndarray, total: int, c: int) -> int:
 
 async def main_async(args: argparse.Namespace) -> float:
     """The best of `repeats` windows, in us of CPU per request."""
-    with (mock.patch("deployments.coalesce.pack", lambda bundle: bundle) if args.unstacked
+    with (mock.patch("deployments.ingress.coalesce.pack", lambda bundle: bundle) if args.unstacked
           else contextlib.nullcontext()):
         return await _measure(args)
 

@@ -33,7 +33,7 @@ async def probe(model_name: str, rounds: int) -> None:
     from ray import serve
 
     from benchmarks.serve.models import bench_models
-    from deployments.client import RaybatchClient
+    from deployments.ingress.client import RaybatchClient
 
     s = replace(FULL, setups=(VARIANT,), peers=())
     model = bench_models()[model_name]

@@ -1,10 +1,10 @@
 """The floor under every hop between processes: one round trip on the direct connection
-(`deployments.link`) between two plain processes, no Ray.
+(`deployments.wire.link`) between two plain processes, no Ray.
 
     python -m benchmarks.serve.hop_floor [--calls 3000] [--one-core]
 
 An asyncio caller (as a batching actor is) sends a batch (1 or 64 rows of 256 FP32) to a
-replica-like server (`deployments.link_threads`, echoing it) and awaits the answer, one
+replica-like server (`deployments.replica.link_server`, echoing it) and awaits the answer, one
 call after another: the round trip's median, and each process's CPU per call.
 `--one-core` pins both to CPU 0, so a wake-up never crosses cores: the difference is what
 a wake-up on the other core costs on this machine (on a VM, an inter-processor interrupt
@@ -28,7 +28,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def serve() -> None:
-    from deployments.link_threads import ThreadedLinkServer
+    from deployments.replica.link_server import ThreadedLinkServer
 
     server = ThreadedLinkServer(lambda items: (items, 0.0), 1)
     _, port, token = server.address("127.0.0.1")
@@ -43,7 +43,7 @@ def cpu_s(pid: int) -> float:
 
 
 async def measure(calls: int, server: subprocess.Popen, port: int, token: bytes) -> None:
-    from deployments.link import Link
+    from deployments.wire.link import Link
 
     link = await Link.open_to("127.0.0.1", port, token)
     for rows in (1, 64):

@@ -96,7 +96,7 @@ def fetchers(model: BenchModel, handles: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle_submits(model: BenchModel, handles: dict[str, Any]) -> dict[str, Any]:
-    from deployments.client import RaybatchClient
+    from deployments.ingress.client import RaybatchClient
 
     name = model.name
 

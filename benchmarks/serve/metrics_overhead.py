@@ -145,7 +145,7 @@ async def measure(model: str, args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.serve.drivers import http_url
     from cluster.config import load_config
     from deployments.app import build_app
-    from deployments.client import RaybatchClient
+    from deployments.ingress.client import RaybatchClient
 
     configs = {v: load_config(app_config(model, v, args.placement)) for v in VARIANTS}
     clients, urls = {}, {}

@@ -35,7 +35,7 @@ def _batcher_name(model: str) -> tuple[str, str]:
     Raybatch ingress, registered under a longer name; the benchmark deploys one shard)."""
     import ray
 
-    from deployments.backends import batcher_actor_name
+    from deployments.ingress.placement import batcher_actor_name
 
     want = batcher_actor_name(model)
     for a in ray.util.list_named_actors(all_namespaces=True):
@@ -53,7 +53,7 @@ def batcher_actor(model: str) -> Any:
 
 def direct_client(model: str) -> Callable[[np.ndarray], Awaitable[Any]]:
     """`submit(x)`: coalesced per tick, one streaming call per bundle to the batching actor."""
-    from deployments.coalesce import Coalescer
+    from deployments.ingress.coalesce import Coalescer
 
     actor = batcher_actor(model)
     coalescer = Coalescer(lambda: actor)
@@ -67,7 +67,7 @@ class PlainBatcher:
     """`BatcherActor` plus `infer_all`: a bundle's outcomes in one plain reply."""
 
     def __init__(self, model_json: str) -> None:
-        from deployments.batcher import BatcherActor
+        from deployments.batcher.actor import BatcherActor
 
         # The product's class is a Ray actor class: build the plain class inside it here.
         self._inner = BatcherActor.__ray_actor_class__(model_json)
@@ -137,7 +137,7 @@ class HttpFront:
 
     def __init__(self, model_json: str, actor_name: str, namespace: str, port: int) -> None:
         from cluster.config import ModelConfig
-        from deployments.ingress import model_spec
+        from deployments.ingress.deployment import model_spec
 
         self.config = ModelConfig.model_validate_json(model_json)
         self.spec = model_spec(self.config)
@@ -149,7 +149,7 @@ class HttpFront:
         import ray
         from aiohttp import web
 
-        from deployments.coalesce import Coalescer
+        from deployments.ingress.coalesce import Coalescer
 
         actor = ray.get_actor(*self._actor_ref)
         self.coalescer = Coalescer(lambda: actor)

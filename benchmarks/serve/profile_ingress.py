@@ -47,17 +47,20 @@ CLOCK = os.sysconf("SC_CLK_TCK")
 GROUPS = (
     ("uvicorn/httptools", ("uvicorn/", "httptools", "h11")),
     ("starlette/serve wrapper", ("starlette/", "ray/serve/")),
-    ("raybatch http server", ("deployments/http/server.py",)),
+    ("raybatch http server", ("deployments/http/pyserver/server.py",)),
     ("raybatch http front", ("deployments/http/",)),
     ("raybatch codec", ("deployments/protocol/",)),
-    ("raybatch route/signature/backend", ("deployments/route.py", "deployments/signature.py",
-                                          "deployments/backends.py", "deployments/ingress.py")),
+    ("raybatch route/signature/backend", ("deployments/ingress/route.py",
+                                          "deployments/signature.py",
+                                          "deployments/ingress/placement.py",
+                                          "deployments/ingress/deployment.py")),
     ("raybatch engine", ("batching/",)),
-    ("raybatch client/coalescer/bundles", ("deployments/client.py", "deployments/coalesce.py",
-                                           "deployments/bundles.py")),
-    ("raybatch batching actor/hosts", ("deployments/batcher.py", "deployments/hosts.py")),
+    ("raybatch client/coalescer/bundles", ("deployments/ingress/client.py",
+                                           "deployments/ingress/coalesce.py",
+                                           "deployments/wire/bundles.py")),
+    ("raybatch batching actor/hosts", ("deployments/batcher/",)),
     ("the load's own callers", ("benchmarks/",)),
-    ("raybatch pool", ("deployments/pool.py",)),
+    ("raybatch pool", ("deployments/replica/pool.py",)),
     ("ray core", ("ray/",)),
     ("asyncio", ("asyncio/",)),
     ("numpy", ("numpy/",)),
@@ -189,7 +192,7 @@ async def profile_model(name: str, c: int, duration_s: float, binary: bool,
             return await drive(lambda: handle.infer.remote(model.name, {"INPUT0": x}), c,
                                seconds)
     elif path == "client":
-        from deployments.client import RaybatchClient
+        from deployments.ingress.client import RaybatchClient
 
         client, x = RaybatchClient(serve.get_app_handle(app)), model.payloads(1)[0]
 

@@ -86,7 +86,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     from cluster.config import load_config
     from deployments.app import build_app
-    from deployments.client import RaybatchClient
+    from deployments.ingress.client import RaybatchClient
 
     ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
              log_to_driver=False)

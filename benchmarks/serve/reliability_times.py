@@ -201,8 +201,8 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
 def up_world() -> Iterator[tuple[dict[str, str], dict[str, int], list[Any], Path]]:
     """What tests/integration/test_up_stop.py's `world` fixture makes: an environment
     with a state folder of its own, ports, and the ups started (ended at the end)."""
-    from cluster.cli import runs
     from cluster.ports import free_port
+    from raybatch import runs
 
     with tempfile.TemporaryDirectory(prefix="reliability-stop-") as tmp:
         ports = {"http": free_port(), "grpc": free_port()}
@@ -258,7 +258,7 @@ def stop(args: argparse.Namespace) -> dict[str, Any]:
         started.append(up)
         up.wait_for(t.READY)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT, env=env,
+        subprocess.run([sys.executable, "-m", "raybatch.main", "down"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=t.HANG_S)
         got = up.exit_code()
         took = time.monotonic() - t0

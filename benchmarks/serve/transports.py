@@ -1,5 +1,5 @@
 """One engine-to-replica hop three ways: a Ray actor call, Raybatch's direct connection
-(`deployments.link`), and a Ray compiled graph (shared-memory channels between the
+(`deployments.wire.link`), and a Ray compiled graph (shared-memory channels between the
 processes of one node). What it answers: before the project grows its own transport,
 what does Ray already offer on the same hop, in time and in CPU?
 
@@ -41,7 +41,7 @@ class Replica:
         return _process_cpu_s()
 
     def link_address(self) -> tuple[str, int, bytes]:
-        from deployments.link_threads import ThreadedLinkServer
+        from deployments.replica.link_server import ThreadedLinkServer
 
         if self.link is None:
             self.link = ThreadedLinkServer(self.run, 1)
@@ -74,7 +74,7 @@ async def timed(call: Callable[[Any], Awaitable[Any]], x: np.ndarray, calls: int
 async def measure(calls: int) -> list[dict[str, Any]]:
     from ray.dag import InputNode
 
-    from deployments.link import Link
+    from deployments.wire.link import Link
 
     rows = []
     ray_actor, link_actor, graph_actor = Replica.remote(), Replica.remote(), Replica.remote()
@@ -88,7 +88,7 @@ async def measure(calls: int) -> list[dict[str, Any]]:
 
     ways: dict[str, tuple[Callable[[Any], Awaitable[Any]], Any]] = {
         "Ray actor call": (lambda x: ray_actor.run.remote(x), ray_actor),
-        "direct connection (deployments.link)": (lambda x: link.call(x), link_actor),
+        "direct connection (deployments.wire.link)": (lambda x: link.call(x), link_actor),
         "Ray compiled graph (shared memory, execute_async)": (by_graph, graph_actor),
     }
     try:

@@ -2,7 +2,7 @@
 
 Each actor the app starts asks Ray for something: the ingress replicas and the
 batching actors for CPUs, each model replica for CPUs, GPUs and (pinned, whole
-cores) `numa<N>` cores, as `deployments/pool.py` asks through `cluster.raynode`.
+cores) `numa<N>` cores, as `deployments/replica/pool.py` asks through `cluster.raynode`.
 A model goes to the first worker group one of its replicas fits in (the GPU group
 for a model with GPUs); the ingress and the batching actors to the first CPU group.
 A group's `minReplicas` is the pods that hold every model at `min_replicas` (the

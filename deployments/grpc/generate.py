@@ -8,7 +8,7 @@ the request's `parameters` map or from input tensors of the same names (one elem
 each; `stop` may hold several), never from both; `stream` (BOOL, default true: one
 response per step; false: one response with the whole text) and Triton's own
 `triton_enable_empty_final_response` steer the responses. The parameters become the
-dict the HTTP generate routes pass (`deployments.generation.generate_request` checks
+dict the HTTP generate routes pass (`deployments.wire.generation.generate_request` checks
 them, as it does for HTTP), so one stream is one sequence through the same batcher.
 
 The responses, as Triton's decoupled stream sends them: each step's new text in the

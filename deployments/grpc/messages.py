@@ -1,7 +1,7 @@
 """The read-only answers of the gRPC service as protos: metadata, model config, statistics.
 
 Built from the same sources as their HTTP twins (the model's config, and the
-statistics in the shape of Triton's extension, `deployments.stats`), with
+statistics in the shape of Triton's extension, `deployments.protocol.stats`), with
 Triton's proto field names, so `tritonclient.grpc` reads them as it reads
 Triton's. The batch dim is left out of a config's `dims`, as Triton does; a
 ragged input says `allow_ragged_batch`; a dynamic model's policy appears as its
@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from cluster.config import ModelConfig, TensorConfig
-from deployments.stats import model_counters
+from deployments.protocol.stats import model_counters
 
 PLATFORM = "raybatch"
 

@@ -47,7 +47,7 @@ class ServedModel(Protocol):
     """What the servicer needs of one model of the ingress."""
 
     config: ModelConfig
-    route: Any  # deployments.route.ModelRoute
+    route: Any  # deployments.ingress.route.ModelRoute
 
 
 class GrpcServicer:

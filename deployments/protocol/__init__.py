@@ -5,6 +5,8 @@ The ingress moves bytes and headers; everything a body means is decided here.
     datatypes.py  OIP datatype strings <-> numpy dtypes
     metadata.py   ModelSpec / TensorSpec, model metadata and config, server metadata,
                   the statistics extension's JSON
+    stats.py      a model's counters merged across its engine's shards, in the statistics
+                  extension's shape (HTTP and gRPC alike)
     jsondata.py   tensor data as JSON `data` lists, strictly, both ways (orjson, numpy)
     binary.py     the binary tensor extension, and a request's inputs checked against the
                   model's tensors and the request limits

@@ -72,3 +72,13 @@ def no_correlation_id(model: str) -> str:
             f"correlation ID; model '{model}' is stateful: every request needs a "
             "sequence_id (a positive integer or a non-empty string), and "
             "sequence_start=true on a sequence's first request")
+
+
+def one_item_per_sequence(model: str, items: int) -> str:
+    return (f"model {model!r} is stateful: a request carries one item of one sequence, got "
+            f"{items}; send them one by one")
+
+
+def generative_only(model: str) -> str:
+    return (f"model {model!r} is generative: use generate or generate_stream "
+            f"(POST /v2/models/{model}/generate)")

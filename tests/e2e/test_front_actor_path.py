@@ -1,6 +1,6 @@
 """The native front feeding a model whose engine is in batching actors (`sharded`: two
 shards, batches of 16, a 2 ms delay): its requests gather into blocks while a batch is in
-flight (`deployments.http.gather`), and under a load of pipelined clients each still gets
+flight (`deployments.http.native.gather`), and under a load of pipelined clients each still gets
 its own answer, and the actors count every request once; the bundles go on the
 ingress's direct connection to the actors (`batcher.link`), and the batches on each
 actor's to its replicas (`replicas.link`: CPU replicas too)."""

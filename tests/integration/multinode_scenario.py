@@ -84,7 +84,7 @@ def far_config():
 async def far_batches() -> tuple[list, dict]:
     """20 batches from this process (an engine on the head node) to a replica on the other
     node: the first as a Ray call while the direct connection opens, the rest on it."""
-    from deployments.pool import ReplicaPool
+    from deployments.replica.pool import ReplicaPool
 
     _, client = ReplicaPool(far_config(), host=None)._create()
     try:
@@ -100,7 +100,7 @@ async def far_batches() -> tuple[list, dict]:
 
 def status(address: str, *flags: str) -> str:
     """`raybatch status`, as a user would run it."""
-    proc = subprocess.run([sys.executable, "-m", "cluster.cli.main", "status", "--address", address,
+    proc = subprocess.run([sys.executable, "-m", "raybatch.main", "status", "--address", address,
                            "--app", APP, *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     if proc.returncode != 0:

@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import arun
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cluster.config import load_config
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import arun
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from batching.errors import InvalidRequest
-from deployments.client import RaybatchClient
-from deployments.ingress import UnknownModel
+from deployments.ingress.client import RaybatchClient
+from deployments.ingress.deployment import UnknownModel
 from tests.conftest import arun
 
 pytestmark = pytest.mark.integration

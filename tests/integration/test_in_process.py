@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import alive_pids, arun
 
 pytestmark = pytest.mark.integration

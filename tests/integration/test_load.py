@@ -53,7 +53,7 @@ import numpy as np
 import pytest
 
 from cluster.config import load_config
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import alive_pids, arun, direct_url, rss_bytes
 
 # behaviour at the default sizes: in `make test`; `make soak` runs the same at full size

@@ -13,7 +13,7 @@ import pytest
 from batching.errors import InvalidRequest
 from batching.model import run_batch
 from batching.tensors import TensorBatch
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from deployments.models import TwoTower
 from tests.conftest import arun
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from batching.errors import UnknownSequence
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import alive_pids, arun, wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cluster.config import ModelConfig
-from deployments.pool import ReplicaPool
+from deployments.replica.pool import ReplicaPool
 from tests.conftest import arun, until
 from tests.models import READ_AT, Marked, ReadWhileRunning
 

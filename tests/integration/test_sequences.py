@@ -18,7 +18,7 @@ import pytest
 
 from batching.errors import SequenceLost, UnknownSequence
 from batching.sequence.stateful import SequenceBatchInput, StateStore
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from deployments.models.stateful import GRU
 from tests.conftest import arun, wait_until
 

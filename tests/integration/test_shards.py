@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import arun
 
 pytestmark = pytest.mark.integration

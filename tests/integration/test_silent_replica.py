@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from batching.errors import RaybatchError, http_status
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
 from tests.conftest import arun, wait_until
 
 pytestmark = pytest.mark.integration

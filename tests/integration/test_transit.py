@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from batching.errors import Overloaded
-from deployments.transit import node_id, stamp
+from deployments.wire.transit import node_id, stamp
 
 pytestmark = pytest.mark.integration
 

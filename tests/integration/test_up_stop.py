@@ -46,7 +46,7 @@ class Up:
     def __init__(self, env: dict[str, str], ports: dict[str, int], config: Path = CONFIG,
                  *args: str) -> None:
         self.ports = ports
-        cmd = [sys.executable, "-m", "cluster.cli.main", "up", "--config", str(config),
+        cmd = [sys.executable, "-m", "raybatch.main", "up", "--config", str(config),
                "--port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
                *(args or ("--num-cpus", "2"))]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -120,7 +120,7 @@ class Up:
 @pytest.fixture
 def world(tmp_path: Path):
     """The environment and ports of one test's runs; whatever they leave is ended."""
-    from cluster.cli import runs
+    from raybatch import runs
 
     ports = {"http": free_port(), "grpc": free_port()}
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -151,7 +151,7 @@ def start(world, config: Path = CONFIG, *args: str) -> Up:
 
 def left_behind() -> list[str]:
     """Processes of any recorded run whose `up` is gone."""
-    from cluster.cli import runs
+    from raybatch import runs
 
     return [runs.describe(p) for r in runs.runs() for p in runs.processes_of(r.run_id)]
 
@@ -181,7 +181,7 @@ def test_ctrl_c_stops_an_idle_up_cleanly_and_leaves_nothing(world, tmp_path):
     up.wait_for(READY)
     up.answers()
     time.sleep(1)  # the lines printed after the welcome
-    from cluster.cli import runs
+    from raybatch import runs
 
     [run] = runs.runs()
     assert runs.processes_of(run.run_id), "the run's processes carry its id"
@@ -196,7 +196,7 @@ def test_ctrl_c_stops_an_idle_up_cleanly_and_leaves_nothing(world, tmp_path):
 
 
 def test_a_second_ctrl_c_exits_at_once_even_while_deploying(world, tmp_path):
-    from cluster.cli import runs
+    from raybatch import runs
 
     up = start(world, patient_config(tmp_path))  # the first Ctrl-C's stop never gives up
     up.wait_for("deploying")
@@ -223,7 +223,7 @@ time.sleep(600)
 
 
 def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
-    from cluster.cli import runs
+    from raybatch import runs
 
     env, _, _ = world
     first = start(world)
@@ -258,7 +258,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
     os.kill(second.proc.pid, signal.SIGKILL)
     second.proc.wait()
     time.sleep(2)
-    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down"], cwd=ROOT,
+    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=HANG_S)
     assert down.returncode == 0, down.stderr
     # what was left is ended ("ending <process>"), unless it ended on its own meanwhile
@@ -371,7 +371,7 @@ def test_raybatch_down_stops_a_running_up(world, tmp_path):
     up.wait_for(READY)
     # down's --timeout (past it, it kills the up) at HANG_S too: the stop under test is
     # the clean one, whatever the machine's speed
-    down = subprocess.run([sys.executable, "-m", "cluster.cli.main", "down", "--timeout",
+    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down", "--timeout",
                            str(HANG_S)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=2 * HANG_S)
     assert down.returncode == 0, down.stderr

@@ -1,5 +1,6 @@
-"""Guard: imports point one way (deployments -> cluster -> batching, the CLI on top), and
-no module imports itself back through another.
+"""Guard: imports point one way (raybatch, the CLI, on top -> deployments -> cluster ->
+batching; inside deployments, ingress -> batcher -> replica -> wire), and no module imports
+itself back through another.
 
 Read from the source with `ast` (no import runs), counting imports inside functions
 too: a lazy import hides a dependency from the interpreter, not from a reader.
@@ -13,7 +14,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("batching", "cluster", "deployments")
+PACKAGES = ("batching", "cluster", "deployments", "raybatch")
 KINDS = ("batching.dynamic", "batching.sequence", "batching.iterative", "batching.embedded",
          "batching.simulate")
 
@@ -90,18 +91,60 @@ def test_the_batching_core_does_not_import_the_kinds_of_batching():
     assert not {m: v for m, v in bad.items() if v}
 
 
-def test_cluster_does_not_import_deployments_except_the_cli():
+def test_cluster_imports_neither_deployments_nor_the_cli():
     graph = _graph()
-    bad = {m: sorted(i for i in deps if _under(i, "deployments"))
-           for m, deps in graph.items() if _under(m, "cluster") and not _under(m, "cluster.cli")}
+    bad = {m: sorted(i for i in deps if _under(i, "deployments") or _under(i, "raybatch"))
+           for m, deps in graph.items() if _under(m, "cluster")}
     assert not {m: v for m, v in bad.items() if v}
 
 
 def test_deployments_does_not_import_the_cli():
     graph = _graph()
-    bad = {m: sorted(i for i in deps if _under(i, "cluster.cli"))
+    bad = {m: sorted(i for i in deps if _under(i, "raybatch"))
            for m, deps in graph.items() if _under(m, "deployments")}
     assert not {m: v for m, v in bad.items() if v}
+
+
+# A wing is the code of one process on a request's road; each may import the wings after
+# it (what it calls across a hop) and never one before it.
+WINGS = ("deployments.ingress", "deployments.batcher", "deployments.replica",
+         "deployments.wire")
+SHARED = ("deployments.signature", "deployments.metrics", "deployments.heap")
+
+
+def _wing(module: str) -> int | None:
+    return next((i for i, w in enumerate(WINGS) if _under(module, w)), None)
+
+
+def test_wings_import_only_the_wings_after_them():
+    graph = _graph()
+    bad = {}
+    for m, deps in graph.items():
+        rank = _wing(m)
+        if rank is None and not any(_under(m, s) for s in SHARED):
+            continue
+        limit = len(WINGS) if rank is None else rank
+        back = sorted(i for i in deps if (r := _wing(i)) is not None
+                      and (rank is None or r < limit))
+        if back:
+            bad[m] = back
+    assert not bad, f"imports against the road (ingress -> batcher -> replica -> wire): {bad}"
+
+
+def test_the_wings_are_imported_by_nothing_but_the_app_and_the_cli_outside_them():
+    """The protocol, HTTP, gRPC and model packages serve the ingress and the replicas; they
+    do not reach into the processes' own code."""
+    graph = _graph()
+    bad = {m: sorted(i for i in deps if _wing(i) is not None)
+           for m, deps in graph.items()
+           if _under(m, "deployments") and _wing(m) is None
+           and m not in ("deployments", "deployments.app")}
+    assert not {m: v for m, v in bad.items() if v}
+
+
+def test_deployments_keeps_at_most_six_modules_at_its_top():
+    top = sorted(p.name for p in (ROOT / "deployments").glob("*.py"))
+    assert len(top) <= 6, f"put these in a wing (ingress, batcher, replica, wire): {top}"
 
 
 def test_no_module_imports_its_own_package_facade():

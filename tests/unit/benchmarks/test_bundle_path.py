@@ -18,7 +18,8 @@ def test_every_request_is_answered_with_its_own_shape_in_either_bundle_form(form
 
 
 def test_the_unstacked_form_is_undone_after_the_run():
-    from deployments import bundles, coalesce
+    from deployments.ingress import coalesce
+    from deployments.wire import bundles
 
     args = bundle_path.parse_args(["--requests", "50", "--concurrency", "4", "--repeats", "1",
                                    "--unstacked"])

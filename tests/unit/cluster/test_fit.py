@@ -63,7 +63,7 @@ def test_an_actor_larger_than_every_node_is_refused_though_the_sum_fits():
 def test_up_refuses_a_local_ray_that_cannot_fit_and_waits_on_a_cluster(monkeypatch, capsys):
     import types
 
-    from cluster.cli.serving import _fits
+    from raybatch.serving import _fits
 
     fake = types.SimpleNamespace(nodes=lambda: [{"Alive": True, "Resources": {"CPU": 16}}])
     monkeypatch.setitem(__import__("sys").modules, "ray", fake)

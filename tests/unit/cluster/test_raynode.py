@@ -9,8 +9,6 @@ from typing import ClassVar
 
 import pytest
 
-from cluster.cli.main import main
-from cluster.cli.serving import local_node_options
 from cluster.config import ReplicaConfig
 from cluster.pinning import NUMA_NODE_ENV, SYSFS_ROOT_ENV
 from cluster.raynode import (
@@ -26,6 +24,8 @@ from cluster.raynode import (
     ray_start_argv,
 )
 from cluster.topology import discover
+from raybatch.main import main
+from raybatch.serving import local_node_options
 
 # Ray 2.60's node label syntax (ray._private.label_utils), without importing Ray here.
 LABEL_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?")

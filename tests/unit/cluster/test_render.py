@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from cluster.cli.main import main
 from cluster.config import load_config
 from cluster.render import APP_BUILDER, serve_config
+from raybatch.main import main
 
 
 def _config(**ingress):

@@ -235,7 +235,7 @@ def test_this_machine_within_this_processes_affinity():
 
 
 def test_placement_modules_do_not_load_ray():
-    script = ("import sys, cluster.topology, cluster.affinity, cluster.cli.topology\n"
+    script = ("import sys, cluster.topology, cluster.affinity, raybatch.topology\n"
               "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)

@@ -26,8 +26,8 @@ from batching.iterative.generative import Generator
 from batching.iterative.host import LocalStepClient
 from batching.sequence.stateful import StateStore
 from cluster.config import ModelConfig, import_object
-from deployments.backends import IngressBackend
-from deployments.generation import collect
+from deployments.ingress.placement import IngressBackend
+from deployments.wire.generation import collect
 
 ACCUMULATOR = {
     "name": "acc", "transformer": "deployments.models:Accumulator",

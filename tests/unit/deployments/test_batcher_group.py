@@ -13,7 +13,7 @@ import pytest
 from batching.errors import Draining, InvalidRequest
 from cluster.config import load_config
 from deployments.app import batching_actors, build_app
-from deployments.batcher import BatcherActor
+from deployments.batcher.actor import BatcherActor
 
 TENSOR = {"datatype": "FP32", "shape": [-1]}
 

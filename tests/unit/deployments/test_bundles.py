@@ -1,4 +1,4 @@
-"""`deployments.bundles`: a bundle of same-shaped arrays goes as one stacked array and
+"""`deployments.wire.bundles`: a bundle of same-shaped arrays goes as one stacked array and
 comes back the same way; anything else goes as the list it was. Each side reads both."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 
 from batching.errors import QueueFull
-from deployments.bundles import (
+from deployments.wire.bundles import (
     Entry,
     Stacked,
     StackedOutcomes,
@@ -81,7 +81,7 @@ def test_a_stacked_bundle_whose_counts_do_not_add_up_is_refused_not_misread():
     import pytest
 
     from batching.errors import InvalidRequest
-    from deployments.bundles import Stacked, entries
+    from deployments.wire.bundles import Stacked, entries
 
     bad = Stacked([1, 2], np.zeros((3, 2), np.float32), [1, 1], [None, None], [None, None])
     with pytest.raises(InvalidRequest, match="adding up to 2 for 3 rows"):
@@ -94,7 +94,7 @@ def test_a_stacked_bundle_whose_counts_do_not_add_up_is_refused_not_misread():
 def test_a_zero_dimensional_item_keeps_the_bundle_a_list():
     import numpy as np
 
-    from deployments.bundles import pack
+    from deployments.wire.bundles import pack
 
     bundle = [Entry(1, np.zeros(3, np.float32)), Entry(2, np.ones((), np.float32))]
     assert pack(bundle) is bundle

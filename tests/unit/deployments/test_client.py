@@ -10,8 +10,8 @@ import logging
 import numpy as np
 
 from cluster.config import ModelConfig
-from deployments.bundles import Stacked, entries, pack_outcomes
-from deployments.client import RaybatchClient
+from deployments.ingress.client import RaybatchClient
+from deployments.wire.bundles import Stacked, entries, pack_outcomes
 
 CONFIG = ModelConfig.model_validate({
     "name": "sq", "transformer": "deployments.models:Square",
@@ -199,7 +199,7 @@ def test_a_request_whose_batching_actor_serve_ended_goes_to_the_new_version(capl
     # way had not run there, so it is sent again, on the route fetched anew.
     old, new = FakeBatcher(Killed()), FakeBatcher()
     client = RaybatchClient(FakeActorHandle(old, new))
-    with caplog.at_level(logging.CRITICAL, logger="deployments.coalesce"):
+    with caplog.at_level(logging.CRITICAL, logger="deployments.ingress.coalesce"):
         out = asyncio.run(client.infer("sq", {"INPUT0": np.array([3.0], np.float32)}))
     assert out["OUTPUT0"].tolist() == [9.0]
     assert old.calls == 1 and new.calls == 1
@@ -207,7 +207,7 @@ def test_a_request_whose_batching_actor_serve_ended_goes_to_the_new_version(capl
 
 def test_a_batching_actor_that_crashed_fails_its_requests_with_worker_died(caplog):
     from batching.errors import WorkerDied
-    from deployments.coalesce import BatcherStopped
+    from deployments.ingress.coalesce import BatcherStopped
 
     crashed, new = FakeBatcher(RuntimeError("the actor died: SIGKILL")), FakeBatcher()
     client = RaybatchClient(FakeActorHandle(crashed, new))
@@ -217,7 +217,7 @@ def test_a_batching_actor_that_crashed_fails_its_requests_with_worker_died(caplo
             await client.infer("sq", {"INPUT0": np.array([3.0], np.float32)})
         except WorkerDied as e:
             return e
-    with caplog.at_level(logging.CRITICAL, logger="deployments.coalesce"):
+    with caplog.at_level(logging.CRITICAL, logger="deployments.ingress.coalesce"):
         error = asyncio.run(main())
     # it may have run: not sent again (the next call fetches the route anew)
     assert isinstance(error, WorkerDied) and not isinstance(error, BatcherStopped)

@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from batching.errors import Cancelled, WorkerDied
-from deployments.coalesce import Coalescer
+from deployments.ingress.coalesce import Coalescer
 
 
 class _Method:
@@ -69,7 +69,7 @@ def test_one_tick_is_one_bundle_and_each_request_gets_its_own_answer():
 
 
 def test_a_block_goes_with_its_count_of_requests_and_the_actor_opens_it_as_them():
-    from deployments.hosts import submit_bundle_item
+    from deployments.wire.bundles import submit_entry
 
     async def main():
         actor = FakeActor()
@@ -85,7 +85,7 @@ def test_a_block_goes_with_its_count_of_requests_and_the_actor_opens_it_as_them(
                 opened.append((request.num_items, request.requests))
 
         for rid, entry in enumerate(bundle):
-            submit_bundle_item(Host(), "dynamic", rid, entry)
+            submit_entry(Host(), "dynamic", "m", rid, entry)
         return opened
 
     assert run(main()) == [(3, 3), (1, 1)]
@@ -138,7 +138,7 @@ def test_a_failed_cancel_is_logged_and_the_other_requests_still_end(caplog):
         actor.answer()
         await spin()
         assert b.result() == [20]
-    with caplog.at_level(logging.WARNING, logger="deployments.coalesce"):
+    with caplog.at_level(logging.WARNING, logger="deployments.ingress.coalesce"):
         run(main())
     assert "cancelling 1 requests at the batching actor failed" in caplog.text
     assert "actor unreachable" in caplog.text
@@ -179,7 +179,7 @@ def test_an_actor_that_cannot_be_found_fails_the_bundle_at_once():
 def test_a_client_of_an_ingress_placed_engine_sends_through_the_handle_and_cancels_locally():
     """`RaybatchClient`'s stand-in actor (`_ViaIngress`) takes the Coalescer's calls
     (bundle and caller; cancel by caller and keys) and answers through the app's handle."""
-    from deployments.client import _ViaIngress
+    from deployments.ingress.client import _ViaIngress
 
     class Handle:
         def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """The ingress answers every request by its deadline, whatever its batching actor does
-(`deployments.coalesce`): a bundle that never comes back (the actor or its replica cut
+(`deployments.ingress.coalesce`): a bundle that never comes back (the actor or its replica cut
 off) fails each request at its own deadline plus `LATE_ANSWER_S` with 504 and cancels it
 at the actor; a late answer reaches nobody; which requests have a deadline follows the
 engine's own rule (`route.hard_timeout`). A fake actor, a fake clock; the sweep timer
@@ -10,8 +10,8 @@ from __future__ import annotations
 from batching.dynamic.policy import DynamicPolicy, QueuePolicy, TimeoutAction
 from batching.errors import NoAnswerInTime, http_status
 from batching.sequence.policy import SequencePolicy
-from deployments.coalesce import LATE_ANSWER_S, Coalescer
-from deployments.route import hard_timeout
+from deployments.ingress.coalesce import LATE_ANSWER_S, Coalescer
+from deployments.ingress.route import hard_timeout
 from tests.unit.deployments.test_coalesce import FakeActor, run, spin
 
 

@@ -9,7 +9,8 @@ import logging
 import pytest
 
 from batching.errors import Draining, ServiceClosed, http_status
-from deployments.drain import Attachments, IngressDrain
+from deployments.batcher.attachments import Attachments
+from deployments.ingress.drain import IngressDrain
 
 
 class _Call:
@@ -117,7 +118,7 @@ def test_a_failed_detach_is_logged_and_the_others_still_drain(caplog):
         d = IngressDrain(lambda: actors, timeout_s=1.0)
         await d.finish()
 
-    with caplog.at_level(logging.WARNING, logger="deployments.drain"):
+    with caplog.at_level(logging.WARNING, logger="deployments.ingress.drain"):
         run(main())
     assert "draining a batching actor failed" in caplog.text
     assert len(actors[1].detached) == 1

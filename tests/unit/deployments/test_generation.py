@@ -17,8 +17,8 @@ from batching.errors import InvalidRequest, QueueFull
 from batching.iterative.generative import Generator
 from batching.iterative.host import IterativeHost, LocalStepClient
 from batching.iterative.policy import IterativePolicy
-from deployments.generation import GenerateMux, StreamHub, collect, generate_request
 from deployments.models.tinylm import TinyLM
+from deployments.wire.generation import GenerateMux, StreamHub, collect, generate_request
 from tests.conftest import until
 
 
@@ -196,7 +196,7 @@ def test_a_hung_up_stream_is_cancelled_in_one_call_whose_errors_are_logged(caplo
             await asyncio.sleep(0)
         return cancelled, actor.calls, loop_errors
 
-    with caplog.at_level(logging.WARNING, logger="deployments.generation"):
+    with caplog.at_level(logging.WARNING, logger="deployments.wire.generation"):
         cancelled, calls, loop_errors = run(main())
     assert loop_errors == [], loop_errors  # nothing raised in a callback or lost in a task
     assert cancelled == 2

@@ -1,4 +1,4 @@
-"""In-process replicas (`deployments.inprocess`) and the pool over them, without Ray: the
+"""In-process replicas (`deployments.replica.inprocess`) and the pool over them, without Ray: the
 model is built and run on the replica's own thread, its errors reach the caller as raised,
 a hung batch fails alone while the batches queued behind it go to another replica, and
 the pool replaces a replica dropped as hung."""
@@ -19,10 +19,10 @@ from batching.loop import ReplicaDied, ReplicaHung
 from batching.model import VectorTransformer
 from batching.types import Request
 from cluster.config import ModelConfig
-from deployments.hosts import make_host
-from deployments.inprocess import InProcessClient
-from deployments.pool import ReplicaPool
-from deployments.replica import ModelReplica
+from deployments.batcher.hosts import make_host
+from deployments.replica.actor import ModelReplica
+from deployments.replica.inprocess import InProcessClient
+from deployments.replica.pool import ReplicaPool
 from tests.conftest import until
 
 THREADS: list[tuple[str, str]] = []  # (what ran, on which thread), appended by Probe

@@ -1,4 +1,4 @@
-"""The direct connection to a batching actor (`deployments.link`) over a real loopback
+"""The direct connection to a batching actor (`deployments.wire.link`) over a real loopback
 socket (no Ray): frames both ways, errors, order of a cancel after its bundle, what ends
 a connection (a wrong token, a frame too large, either side going away); and the
 `Coalescer` on it: the first bundle as a Ray call while the connection opens, the next
@@ -15,8 +15,8 @@ import struct
 import pytest
 
 from batching.errors import InvalidRequest, WorkerDied
-from deployments.coalesce import BatcherStopped, Coalescer
-from deployments.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
+from deployments.ingress.coalesce import BatcherStopped, Coalescer
+from deployments.wire.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
 from tests.conftest import until
 
 
@@ -232,7 +232,7 @@ class Replica:
     def __init__(self, workers: int = 2) -> None:
         import threading
 
-        from deployments.link_threads import ThreadedLinkServer
+        from deployments.replica.link_server import ThreadedLinkServer
 
         self.gate = threading.Event()
         self.gate.set()
@@ -280,7 +280,7 @@ class Replica:
 
 
 def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_models_errors():
-    from deployments.pool import RayReplicaClient
+    from deployments.replica.client import RayReplicaClient
 
     async def main():
         replica = Replica()
@@ -300,7 +300,7 @@ def test_a_replica_that_reads_ahead_takes_its_batches_on_the_link_with_the_model
 def test_a_replica_that_does_not_read_ahead_runs_its_linked_batches_one_by_one_in_order():
     """A CPU replica (one batch at a time, no device thread): the link runs each batch on
     its own loop's thread, which the replica's initializer pinned, in the order sent."""
-    from deployments.pool import RayReplicaClient
+    from deployments.replica.client import RayReplicaClient
 
     async def main():
         replica = Replica(workers=1)
@@ -323,7 +323,7 @@ def test_a_replica_that_does_not_read_ahead_runs_its_linked_batches_one_by_one_i
 @pytest.mark.parametrize("hang", [False, True], ids=["died", "hung"])
 def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
     from batching.loop import ReplicaDied, ReplicaHung
-    from deployments.pool import RayReplicaClient
+    from deployments.replica.client import RayReplicaClient
 
     async def main():
         replica = Replica()
@@ -351,7 +351,7 @@ def test_a_replica_gone_from_the_link_is_its_death_or_this_batchs_hang(hang):
 
 
 def test_a_connection_that_never_sends_the_token_is_closed(monkeypatch):
-    import deployments.link as link_module
+    import deployments.wire.link as link_module
 
     monkeypatch.setattr(link_module, "TOKEN_WAIT_S", 0.2)
 
@@ -418,8 +418,8 @@ def test_fuzzed_bytes_with_and_without_the_token_run_nothing_and_spare_the_calle
 def test_a_stand_in_with_no_address_is_not_dialled(caplog):
     """The engine in the ingress stands in for a batching actor (`client._ViaIngress`): it
     has no `link_address`, so no connection is tried and nothing is said in the log."""
-    from deployments.client import _ViaIngress
-    from deployments.dialer import Dialer
+    from deployments.ingress.client import _ViaIngress
+    from deployments.wire.dialer import Dialer
 
     async def main() -> Dialer:
         dialer = Dialer("the batching actor")

@@ -1,4 +1,4 @@
-"""The direct connection's keepalive (`deployments.keepalive`, `deployments.link`): the
+"""The direct connection's keepalive (`deployments.wire.keepalive`, `deployments.wire.link`): the
 heartbeat as a state machine on a fake clock; a `Link` over a fake transport, driven by
 `check(now)` (no timer, no sleep); the actor's side answering pings without running
 anything; and over a real loopback socket, a peer that stops answering (as a stopped
@@ -12,8 +12,9 @@ import pickle
 import socket
 import threading
 
-from deployments.keepalive import Heartbeat, Keepalive, Verdict, tcp_keepalive
-from deployments.link import (
+from deployments.replica.link_server import ThreadedLinkServer
+from deployments.wire.keepalive import Heartbeat, Keepalive, Verdict, tcp_keepalive
+from deployments.wire.link import (
     HEAD,
     PING,
     PONG,
@@ -23,7 +24,6 @@ from deployments.link import (
     LinkServer,
     _frame,
 )
-from deployments.link_threads import ThreadedLinkServer
 from tests.conftest import until
 
 K = Keepalive(ping_s=0.5, dead_s=2.0)
@@ -239,7 +239,7 @@ def test_a_caller_dropped_with_its_dialer_closes_its_connection():
     connection, which pings, must not stay open as long as the process."""
     import gc
 
-    from deployments.dialer import Dialer
+    from deployments.wire.dialer import Dialer
 
     class Actor:
         def __init__(self, server):
@@ -342,7 +342,7 @@ def test_a_replicas_call_thread_reads_each_call_and_writes_its_answer():
     import socket as socketlib
 
     from batching.errors import WorkerDied
-    from deployments.link import HEAD, INFER
+    from deployments.wire.link import HEAD, INFER
 
     ran: list = []
 

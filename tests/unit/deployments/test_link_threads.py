@@ -1,4 +1,4 @@
-"""`deployments.link_threads`, the replica's end of a direct connection, against hostile
+"""`deployments.replica.link_server`, the replica's end of a direct connection, against hostile
 and broken callers: a wrong token, a frame past the limit, no token at all, random bytes
 (a fixed seed) with and without the token. Nothing runs that is not a whole call's frame,
 each such connection ends, and a real caller beside them keeps getting its answers. Also:
@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from deployments.link import HEAD, INFER, MAX_FRAME, Link, LinkLost
-from deployments.link_threads import ThreadedLinkServer
+from deployments.replica.link_server import ThreadedLinkServer
+from deployments.wire.link import HEAD, INFER, MAX_FRAME, Link, LinkLost
 from tests.conftest import until
 
 
@@ -70,7 +70,7 @@ def test_a_broken_caller_is_cut_off_and_nothing_runs(how):
 
 
 def test_a_connection_that_never_sends_the_token_is_closed(monkeypatch):
-    import deployments.link_threads as module
+    import deployments.replica.link_server as module
 
     monkeypatch.setattr(module, "TOKEN_WAIT_S", 0.2)
     server = ThreadedLinkServer(Model(), workers=1)

@@ -269,7 +269,7 @@ def test_an_engine_in_one_of_several_ingress_replicas_names_its_replicas_apart(f
                                                                               monkeypatch):
     """Each ingress replica's engine has its own replica-0: the ingress rank tells them
     apart in the `replica` label (Ray's WorkerId label keeps the other series apart)."""
-    from deployments import backends
+    from deployments.ingress import placement as backends
 
     m = BatcherMetrics(model(), replica_prefix="ingress1-")
     m.publish(snapshot())

@@ -1,4 +1,4 @@
-"""A replica whose direct connection is lost (`deployments.pool`): the batch open on it
+"""A replica whose direct connection is lost (`deployments.replica.pool`): the batch open on it
 fails with ReplicaDied (its engine sends it once more elsewhere, `BatchHost`), every
 later batch fails so at once, without a Ray call to a replica that may be cut off, and
 the pool stops it when it replaces it (a partitioned replica may still live). The
@@ -11,8 +11,9 @@ import asyncio
 import pytest
 
 from batching.loop import ReplicaDied
-from deployments.keepalive import Keepalive
-from deployments.pool import RayReplicaClient, ReplicaPool
+from deployments.replica.client import RayReplicaClient
+from deployments.replica.pool import ReplicaPool
+from deployments.wire.keepalive import Keepalive
 from tests.conftest import until
 from tests.unit.deployments.test_link import Replica, run
 from tests.unit.deployments.test_replica_threads import config

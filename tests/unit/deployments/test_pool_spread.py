@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from cluster.config import ModelConfig
 from cluster.spread import NodeRoom, ReplicaSpread
-from deployments.pool import ReplicaPool
+from deployments.replica.pool import ReplicaPool
 
 A, B = "a1" * 28, "b2" * 28
 

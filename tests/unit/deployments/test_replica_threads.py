@@ -19,14 +19,14 @@ import pytest
 
 from batching.model import VectorTransformer
 from cluster.config import ModelConfig
-from deployments.pool import ReplicaPool
-from deployments.replica import ModelReplica
+from deployments.replica.actor import ModelReplica
+from deployments.replica.pool import ReplicaPool
 
 RUN_S = 0.05
 
 
 class ModelClock:
-    """`time` as `deployments.replica` reads it: `perf_counter` moves only while a model
+    """`time` as `deployments.replica.actor` reads it: `perf_counter` moves only while a model
     runs, RUN_S a batch, so a compute time says which batches it spans, not how fast the
     machine was."""
 
@@ -84,7 +84,7 @@ def config(kind: str = "dynamic", **replicas: Any) -> ModelConfig:
 
 def test_batches_sent_on_several_threads_run_one_at_a_time_on_one_thread_timed_alone(
         monkeypatch):
-    import deployments.replica as replica_module
+    import deployments.replica.actor as replica_module
 
     monkeypatch.setattr(replica_module, "time", CLOCK)
     replica = ModelReplica(config().model_dump_json(), 0)
@@ -148,7 +148,7 @@ def test_a_model_error_is_raised_to_the_caller_from_the_device_thread():
 
 @pytest.mark.parametrize("in_process", [True, False])
 def test_sequence_replicas_and_in_process_replicas_run_on_the_calling_thread(in_process):
-    from deployments.stateful_replica import SequenceReplica
+    from deployments.replica.stateful import SequenceReplica
 
     if in_process:
         replica = ModelReplica(config().model_dump_json(), 0, in_process=True)

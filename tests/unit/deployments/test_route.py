@@ -8,8 +8,8 @@ import pytest
 
 from batching.errors import InvalidRequest, http_status
 from cluster.config import ModelConfig
-from deployments.batcher import shard_config
-from deployments.route import ModelRoute
+from deployments.batcher.actor import shard_config
+from deployments.ingress.route import ModelRoute
 
 
 def config(**fields) -> ModelConfig:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cluster.config import load_config
-from deployments.batcher import shard_config
-from deployments.stats import merge_stats, model_counters
+from deployments.batcher.actor import shard_config
+from deployments.protocol.stats import merge_stats, model_counters
 
 
 def shard_stats(batches, items, by_size, ok):
@@ -50,7 +50,7 @@ def test_each_shard_runs_its_share_of_the_replicas_rounded_up():
 
 
 def test_each_ingress_replica_of_an_ingress_placed_model_owns_its_share():
-    from deployments.backends import replica_share
+    from deployments.ingress.placement import replica_share
 
     cfg = load_config({"models": [{
         "name": "m", "transformer": "deployments.models:Square",

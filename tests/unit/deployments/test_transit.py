@@ -16,9 +16,9 @@ import pytest
 
 from batching.errors import Overloaded
 from cluster.config import load_config
-from deployments import transit
-from deployments.batcher import BatcherActor
-from deployments.bundles import Entry
+from deployments.batcher.actor import BatcherActor
+from deployments.wire import transit
+from deployments.wire.bundles import Entry
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def on_node():
 
 @pytest.fixture
 def clock(monkeypatch):
-    """The node's monotonic clock as `deployments.transit` reads it, moved by the test."""
+    """The node's monotonic clock as `deployments.wire.transit` reads it, moved by the test."""
     now = SimpleNamespace(s=1000.0)
     monkeypatch.setattr(transit, "time", SimpleNamespace(monotonic=lambda: now.s))
     return now

@@ -10,7 +10,7 @@ from batching.errors import ModelError
 from batching.model import VectorTransformer
 from cluster.config import ModelConfig
 from deployments.models import SimpleSequence, SimpleString
-from deployments.warmup import warm_up, warmup_sizes
+from deployments.replica.warmup import warm_up, warmup_sizes
 
 
 class Recorder(VectorTransformer):

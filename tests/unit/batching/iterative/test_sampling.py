@@ -107,7 +107,7 @@ def sampled(rid, prompt="ab", n=24, t=1.0, p=1.0, seed=7) -> Join:
     ({"seed": "7"}, r"'seed' must be an integer .*got '7'"),
 ])
 def test_each_bad_sampling_parameter_is_refused_with_what_to_send(params, words):
-    from deployments.generation import generate_request  # the OIP / OpenAI edge
+    from deployments.wire.generation import generate_request  # the OIP / OpenAI edge
 
     with pytest.raises(InvalidRequest, match=words):
         check_sampling(**params)
@@ -120,7 +120,7 @@ def test_each_bad_sampling_parameter_is_refused_with_what_to_send(params, words)
 
 
 def test_good_parameters_travel_from_the_request_to_the_join():
-    from deployments.generation import generate_request
+    from deployments.wire.generation import generate_request
 
     assert check_sampling() == (0.0, 1.0, None)  # absent: greedy
     assert check_sampling(2, 1e-9, 2**63 - 1) == (2.0, 1e-9, 2**63 - 1)

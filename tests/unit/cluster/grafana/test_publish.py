@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from cluster.cli.main import main
 from cluster.config import load_default
 from cluster.grafana.dashboard import render_dashboard
 from cluster.grafana.publish import PublishError, publish
+from raybatch.main import main
 from tests.conftest import free_port
 from tests.unit.cluster.grafana.grafana_double import (
     EDITOR_TOKEN,

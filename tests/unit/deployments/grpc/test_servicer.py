@@ -24,11 +24,11 @@ from batching.errors import (
 )
 from batching.model import run_batch
 from cluster.config import load_config
-from deployments.bundles import entries
 from deployments.grpc import GrpcServicer
+from deployments.ingress.route import ModelRoute
 from deployments.models import Square, TwoTower
 from deployments.protocol.wording import unknown_model
-from deployments.route import ModelRoute
+from deployments.wire.bundles import entries
 from tests.conftest import APP_CONFIG
 
 

@@ -14,9 +14,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from cluster.config import ModelConfig, load_config
-from deployments.backends import IngressBackend
 from deployments.grpc import GrpcIngress
 from deployments.grpc.generate import FINAL
+from deployments.ingress.placement import IngressBackend
 from deployments.models import Square
 from tests.conftest import APP_CONFIG
 from tests.unit.deployments.grpc.test_generate import prompt, request, tensor

@@ -20,11 +20,11 @@ import numpy as np
 
 from batching.errors import InvalidRequest
 from batching.iterative.policy import IterativePolicy
-from deployments.generation import generate_request
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.wording import unknown_model, unknown_version
+from deployments.wire.generation import generate_request
 
 SQUARE = ModelEntry("square", "1", ModelSpec(
     "square", inputs=[TensorSpec("INPUT0", "FP32", [-1])],

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from deployments.http.front import FrontServer
-from deployments.http.server import HttpServer
+from deployments.http.native.front import FrontServer
+from deployments.http.pyserver.server import HttpServer
 from tests.unit.deployments.http.fakes import make_app
 from tests.unit.deployments.http.wire import front_by_default
 

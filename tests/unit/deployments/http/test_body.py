@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from deployments.http.body import read_body
-from deployments.http.errors import BodyTimeout, ClientGone
+from deployments.http.oip.body import read_body
+from deployments.http.oip.errors import BodyTimeout, ClientGone
 from deployments.protocol import PayloadTooLarge
 from tests.unit.deployments.http.fakes import run
 

@@ -1,4 +1,4 @@
-"""One request's ASGI `receive` (`deployments.http.cycle.Cycle`): every byte of a body
+"""One request's ASGI `receive` (`deployments.http.pyserver.cycle.Cycle`): every byte of a body
 reaches the app, in order, and the last piece is the one that says so.
 
 The connection may parse the rest of a body while `receive` hands over what it holds
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.http.cycle import Cycle
+from deployments.http.pyserver.cycle import Cycle
 
 
 class _Conn:

@@ -19,7 +19,7 @@ from batching.errors import (
     WorkerDied,
     portable,
 )
-from deployments.http.errors import (
+from deployments.http.oip.errors import (
     MethodNotAllowed,
     NoRoute,
     TooManyStreams,

@@ -1,4 +1,4 @@
-"""The native front (`deployments.http.front`): its answers are the Python server's, byte
+"""The native front (`deployments.http.native.front`): its answers are the Python server's, byte
 for byte, and it holds the same bounds, over real sockets (no Ray).
 
 The differential test sends the same random streams of requests (a fixed seed: binary and
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from deployments.http.front import available
+from deployments.http.native.front import available
 from tests.conftest import until
 from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
@@ -427,7 +427,7 @@ def test_a_model_that_takes_fewer_items_a_request_gets_smaller_blocks():
 
 
 def test_a_failure_on_the_way_to_the_engine_is_each_requests_500_not_silence(monkeypatch):
-    from deployments.http.blocks import Blocks
+    from deployments.http.native.blocks import Blocks
 
     def broken(self, plan, rec, data):
         raise RuntimeError("a bug between the front and the engine")

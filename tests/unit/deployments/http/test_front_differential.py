@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from deployments.http.front import available
+from deployments.http.native.front import available
 from tests.conftest import wait_until
 from tests.unit.deployments.http.test_differential import h11_frames
 from tests.unit.deployments.http.wire import ServerThread, exchange, parse_responses

@@ -16,7 +16,7 @@ import struct
 
 import pytest
 
-from deployments.http.front import available
+from deployments.http.native.front import available
 from tests.conftest import until
 from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import Served, read_response

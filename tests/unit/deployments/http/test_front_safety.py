@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from deployments.http import front as front_module
-from deployments.http.blocks import Blocks
-from deployments.http.front import available
+from deployments.http.native import front as front_module
+from deployments.http.native.blocks import Blocks
+from deployments.http.native.front import available
 from tests.conftest import wait_until
 from tests.unit.deployments.http.wire import ServerThread, exchange, parse_responses, request
 
@@ -377,7 +377,7 @@ def test_a_reset_on_a_connection_the_front_stopped_reading_is_closed():
 CHILD = """
 import asyncio, json, os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from deployments.http.front import FrontServer
+from deployments.http.native.front import FrontServer
 from tests.unit.deployments.http.fakes import make_app
 
 async def main():

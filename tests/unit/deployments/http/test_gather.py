@@ -1,4 +1,4 @@
-"""Gathering (`deployments.http.gather`), its rule alone (a fake clock), and through the
+"""Gathering (`deployments.http.native.gather`), its rule alone (a fake clock), and through the
 native front over real sockets (no Ray): the front's requests of a model that already has
 a full batch in flight wait to fill a block, and go on when a block is full, when the
 work in flight falls below a batch, when the oldest has waited the model's delay, or when
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from deployments.http import blocks
-from deployments.http.front import available
-from deployments.http.gather import Gather
+from deployments.http.native import blocks
+from deployments.http.native.front import available
+from deployments.http.native.gather import Gather
 from tests.conftest import until
 from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import Served, read_response
@@ -108,7 +108,7 @@ def test_arrivals_wait_while_a_full_batch_is_in_flight_and_go_when_it_comes_back
 
 
 class _Clock:
-    """`time` as `deployments.http.blocks` sees it: `monotonic()` is the test's `now`."""
+    """`time` as `deployments.http.native.blocks` sees it: `monotonic()` is the test's `now`."""
 
     def __init__(self) -> None:
         self.now = 0.0

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from deployments.http.front import available
+from deployments.http.native.front import available
 from tests.conftest import wait_until
 from tests.unit.deployments.http.hostile_cases import BODY, CASES, INFER, LIVE, OK_INFER
 from tests.unit.deployments.http.wire import ServerThread, exchange, request

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.middleware import Middleware
 
-from deployments.http import fastpath as fast
+from deployments.http.oip import fastpath as fast
 from tests.unit.deployments.http.fakes import call, make_app, run
 
 
@@ -74,7 +74,7 @@ def test_the_front_imports_no_ray():
     import sys
     from pathlib import Path
 
-    script = ("import sys, deployments.http, deployments.http.fastpath\n"
+    script = ("import sys, deployments.http, deployments.http.oip.fastpath\n"
               "print(sorted(m for m in ('ray', 'fastapi') if m in sys.modules))")
     root = Path(__file__).resolve().parents[4]
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,

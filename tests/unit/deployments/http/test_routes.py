@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.http.errors import MethodNotAllowed, NoRoute
-from deployments.http.handlers import oip_routes
-from deployments.http.routes import Route, Router
+from deployments.http.oip.errors import MethodNotAllowed, NoRoute
+from deployments.http.oip.handlers import oip_routes
+from deployments.http.oip.routes import Route, Router
 
 ROUTER = Router(oip_routes())
 

@@ -1,4 +1,4 @@
-"""Raybatch's own HTTP/1.1 server (`deployments.http.server`) with the real OipApp and a
+"""Raybatch's own HTTP/1.1 server (`deployments.http.pyserver.server`) with the real OipApp and a
 fake backend, over real sockets on 127.0.0.1 (no Ray): keep-alive, pipelining, bodies in
 pieces and chunked, 100-continue, limits, SSE and hang-ups, errors, idle sweeps, stop,
 many clients at once, and fuzz (fixed seeds) at the byte level and the OIP level."""
@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from deployments.http.cycle import READ_BUFFER_BYTES
-from deployments.http.portclaim import claim_port
-from deployments.http.server import HttpServer
+from deployments.http.pyserver.cycle import READ_BUFFER_BYTES
+from deployments.http.pyserver.portclaim import claim_port
+from deployments.http.pyserver.server import HttpServer
 from tests.conftest import until
 from tests.unit.deployments.http.fakes import infer_body, make_app, run
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from deployments.http.connection import Connection
-from deployments.http.cycle import READ_BUFFER_BYTES
+from deployments.http.pyserver.connection import Connection
+from deployments.http.pyserver.cycle import READ_BUFFER_BYTES
 from tests.conftest import until
 from tests.unit.deployments.http.fakes import infer_body, run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request

@@ -1,4 +1,4 @@
-"""Bytes on a socket against `deployments.http.server`, from plain blocking sockets.
+"""Bytes on a socket against `deployments.http.pyserver.server`, from plain blocking sockets.
 
 `ServerThread` runs the server (with the OIP app on a fake backend, or an echo app that
 answers each request with its method, target and body) on an event loop of its own
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.http.front import FrontServer, available
-from deployments.http.server import HttpServer
+from deployments.http.native.front import FrontServer, available
+from deployments.http.pyserver.server import HttpServer
 from tests.unit.deployments.http.fakes import make_app
 
 

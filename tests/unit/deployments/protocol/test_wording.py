@@ -16,6 +16,7 @@ from batching.dynamic.policy import DynamicPolicy, QueuePolicy
 from batching.errors import InvalidRequest, QueueFull
 from batching.types import Request
 from cluster.config import ModelConfig
+from deployments.ingress.route import ModelRoute
 from deployments.protocol import ModelSpec, RequestLimits, TensorSpec, parse_infer_request
 from deployments.protocol.wording import (
     no_correlation_id,
@@ -25,7 +26,6 @@ from deployments.protocol.wording import (
     unknown_version,
     wrong_datatype,
 )
-from deployments.route import ModelRoute
 
 SPEC = ModelSpec("simple", inputs=[TensorSpec("INPUT0", "INT32", [-1, 16])],
                  outputs=[TensorSpec("OUTPUT0", "INT32", [-1, 16])], max_batch_size=8)

@@ -1,0 +1,1446 @@
+/* The native front: sockets, framing and queueing of the common infer request off the GIL.
+ *
+ * Why: per request, Raybatch's Python server spent ~130 us of one GIL on a binary infer
+ * request (the event loop's callbacks, the parse, the engine's submit, the answer's
+ * write), where Triton and mosec parse, queue and answer on native threads and enter
+ * Python once per batch. This front does the same for the one request that dominates a
+ * serving load, and for nothing else:
+ *
+ * - a thread of its own (no GIL) accepts, reads and writes every connection (epoll);
+ * - a request it frames whole with llhttp (the Python server's parser, built in: one
+ *   framing whichever of the two reads a stream) and finds plain (POST, HTTP/1.1,
+ *   Content-Length framing, exactly one Host, no coding, no Expect, no Upgrade, within
+ *   the header limits as the Python server counts them) whose target and binary JSON
+ *   header are byte for byte those of a request the Python server already parsed cleanly
+ *   (a *plan*, registered from Python: `add_plan`) is queued: its tensor bytes appended to
+ *   one buffer, a token naming its connection and place (a slot is not reused while a
+ *   token of it is outstanding);
+ * - Python takes everything queued in one call per wake-up (`take`), submits each plan's
+ *   requests to the engine as one block, and hands the answers back in one call per
+ *   block (`answer_parts`, `answer_same`); they are written in each connection's order;
+ * - anything else - another route, a header never seen, an error, a slow or cut-short
+ *   request, a close - turns the connection over to Python ("Python mode"): what was not
+ *   parsed goes to the Python server's `Connection`, which sees a transport (this
+ *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
+ *   broken clients; once that connection is idle again, Python hands it back (`release`).
+ *   So what this file answers itself is only what the Python server answered the same way
+ *   before, and every refusal is the Python server's.
+ *
+ * Locking: one mutex over everything; the front's thread never takes the GIL, and the
+ * calls from Python release the GIL while they wait for the mutex and write.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "llhttp.h"
+
+#define TAG_LISTEN 0xffffffff00000001ULL
+#define TAG_WAKE 0xffffffff00000002ULL
+#define NPLANS 1024 /* open addressing: at most half of it used */
+#define READ_CHUNK 65536
+#define LINGER_S 2.0
+#define SWEEP_S 0.25
+#define ACCEPT_BACKOFF_S 0.1 /* no descriptor or buffer for a new connection: wait this */
+
+/* A token names a queued request: its slot (24 bits), the slot's generation (GEN_BITS) and
+ * its place on the connection (24 bits). A slot whose connection closes with requests still
+ * queued stays reserved until every one of them is answered or dropped, so no token of an
+ * earlier connection can be outstanding when the slot is taken again: the generation never
+ * has to be wide enough not to wrap (the tests build it 2 bits wide to show that). */
+#ifndef FRONT_TOKEN_GEN_BITS
+#define FRONT_TOKEN_GEN_BITS 16
+#endif
+#define GEN_MASK ((1u << FRONT_TOKEN_GEN_BITS) - 1)
+#define SEQ_MASK 0xffffffu
+
+enum { M_C = 0, M_PY = 1, M_LINGER = 2 };
+enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5, EV_GONE = 6 };
+
+typedef struct { char *p; size_t len, cap; } buf_t;
+
+static int buf_reserve(buf_t *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p; b->cap = cap;
+    return 0;
+}
+static int buf_add(buf_t *b, const void *d, size_t n) {
+    if (buf_reserve(b, n)) return -1;
+    memcpy(b->p + b->len, d, n); b->len += n;
+    return 0;
+}
+static void buf_free(buf_t *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
+
+typedef struct held { uint32_t seq; size_t len; struct held *next; char data[]; } held_t;
+
+typedef struct {
+    int fd, mode, open;
+    uint32_t gen;
+    int reserved; uint32_t owed;  /* closed, its slot held until `owed` answers come */
+    uint32_t gone;                /* answers dropped: they came after one that closes */
+    buf_t in; size_t in_off;      /* C mode: received, not yet parsed */
+    buf_t out; size_t out_off;    /* to send */
+    uint32_t next_seq, write_seq; /* queued requests; answers written */
+    int close_seq_set; uint32_t close_seq; /* the request that asked to close */
+    held_t *held;                 /* answers that came before an earlier one's */
+    int want_py, eof, no_more, py_paused, unacked, over_high, shut_after, close_after;
+    uint32_t events;              /* what epoll watches now */
+    double last_io, partial_since, linger_until;
+    uint64_t fwd;                 /* reads forwarded to Python in Python mode */
+} conn_t;
+
+typedef struct { char *key; size_t keylen; uint64_t hash; int32_t id; uint32_t payload; int size; } plan_t;
+/* size: 0 a binary request's plan (key: its JSON header); 4 or 8 a JSON request's whose
+ * `data` is read as FP32 or FP64 (key: its JSON with the data list emptied) */
+
+typedef struct ev { int kind; uint32_t slot, gen; int flag; size_t len; struct ev *next; char data[]; } ev_t;
+
+typedef struct { uint64_t token; double t; int32_t plan; uint32_t len; } arrival_t;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_t thread;
+    int started, running, lfd, ep, wake_fd, py_fd, signaled, fast_on, accepting, closing;
+    conn_t *conns; uint32_t nslots, *freelist, nfree, nconn;
+    /* limits */
+    uint32_t max_conns, max_pipe, max_header_count, max_header_bytes, max_head, max_body;
+    size_t high_water; double keep_alive_s, partial_s;
+    plan_t plans[NPLANS]; uint32_t nplans;
+    buf_t arena, arrivals;
+    ev_t *ev_head, *ev_tail;
+    buf_t busy; /* the whole 503 for a connection past max_conns */
+    uint64_t n_fast, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
+    int json_plans;
+    int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
+    int accept_paused; double accept_resume;
+} Front;
+
+static double now_s(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t fnv(const char *a, size_t n, const char *b, size_t m) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)a[i]; h *= 1099511628211ULL; }
+    h ^= 0xff; h *= 1099511628211ULL;
+    for (size_t i = 0; i < m; i++) { h ^= (unsigned char)b[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+static plan_t *find_plan(Front *f, const char *path, size_t pn, const char *hdr, size_t hn,
+                         int json) {
+    if (!f->nplans) return NULL;
+    uint64_t h = fnv(path, pn, hdr, hn);
+    for (uint32_t i = 0; i < NPLANS; i++) {
+        plan_t *p = &f->plans[(h + i) % NPLANS];
+        if (!p->key) return NULL;
+        if (p->hash == h && p->keylen == pn + 1 + hn && !memcmp(p->key, path, pn) &&
+            p->key[pn] == '\0' && !memcmp(p->key + pn + 1, hdr, hn) && (p->size != 0) == json)
+            return p;
+    }
+    return NULL;
+}
+
+/* -- events for Python ------------------------------------------------------------------ */
+static int push_ev(Front *f, int kind, uint32_t slot, uint32_t gen, int flag,
+                   const char *d, size_t n) {
+    ev_t *e = malloc(sizeof(ev_t) + n);
+    if (!e) return -1;
+    e->kind = kind; e->slot = slot; e->gen = gen; e->flag = flag; e->len = n; e->next = NULL;
+    if (n) memcpy(e->data, d, n);
+    if (f->ev_tail) f->ev_tail->next = e; else f->ev_head = e;
+    f->ev_tail = e;
+    return 0;
+}
+
+static void signal_py(Front *f) {
+    if (!f->signaled && (f->ev_head || f->arrivals.len)) {
+        uint64_t one = 1;
+        f->signaled = 1;
+        if (write(f->py_fd, &one, 8) < 0) { /* a full counter still wakes the reader */ }
+    }
+}
+
+/* -- connections ------------------------------------------------------------------------ */
+static void watch(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    if (!c->open) return;
+    uint32_t want = 0;
+    int out = c->out.len > c->out_off;
+    if (c->mode == M_C) {
+        if (!c->eof && !c->no_more && !c->want_py && c->in.len - c->in_off < (size_t)f->max_head + f->max_body &&
+            c->next_seq - c->write_seq < f->max_pipe && c->out.len - c->out_off <= f->high_water)
+            want |= EPOLLIN;
+    } else if (c->mode == M_PY) {
+        /* one read at a time: the next once Python has taken it (bounded memory) */
+        if (!c->eof && !c->py_paused && !c->unacked) want |= EPOLLIN;
+    } else {
+        want |= EPOLLIN; /* lingering: read and drop until the client closes */
+    }
+    if (out) want |= EPOLLOUT;
+    if (want != c->events) {
+        struct epoll_event ev = {.events = want, .data.u64 = ((uint64_t)c->gen << 32) | slot};
+        epoll_ctl(f->ep, EPOLL_CTL_MOD, c->fd, &ev);
+        c->events = want;
+    }
+}
+
+/* The slot takes a new connection: its generation moves on, and no token of the last one
+ * is outstanding (close_conn reserves the slot until they are answered). */
+static void free_slot(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    c->reserved = 0; c->owed = 0; c->gen++;
+    f->freelist[f->nfree++] = slot;
+}
+
+static void close_conn(Front *f, uint32_t slot, int tell_py) {
+    conn_t *c = &f->conns[slot];
+    if (!c->open) return;
+    if (tell_py && c->mode == M_PY) push_ev(f, EV_LOST, slot, c->gen, 0, NULL, 0);
+    epoll_ctl(f->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    buf_free(&c->in); buf_free(&c->out);
+    uint32_t owed = (c->next_seq - c->write_seq) & SEQ_MASK;  /* queued, not yet written */
+    owed -= c->gone;
+    for (held_t *h = c->held; h;) { held_t *n = h->next; free(h); h = n; owed--; }
+    c->held = NULL;
+    c->open = 0; c->fd = -1;
+    f->nconn--;
+    if (owed) {  /* answers still to come: the slot waits for them */
+        c->reserved = 1; c->owed = owed;
+        /* Python cancels what of it the engine has not started: its tokens' common part */
+        uint64_t prefix = ((uint64_t)slot << 16) | (c->gen & GEN_MASK);
+        push_ev(f, EV_GONE, slot, c->gen, 0, (const char *)&prefix, sizeof prefix);
+        return;
+    }
+    free_slot(f, slot);
+}
+
+static void linger_close(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    c->mode = M_LINGER;
+    c->shut_after = 1;
+    c->linger_until = now_s() + LINGER_S;
+}
+
+static void flush(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    while (c->open && c->out.len > c->out_off) {
+        ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            close_conn(f, slot, 1);
+            return;
+        }
+        c->out_off += n;
+        c->last_io = now_s();
+    }
+    if (!c->open) return;
+    if (c->out_off == c->out.len) {
+        c->out.len = c->out_off = 0;
+        if (c->out.cap > 4 * READ_CHUNK) buf_free(&c->out);
+        if (c->close_after) { close_conn(f, slot, 0); return; }
+        if (c->shut_after) { shutdown(c->fd, SHUT_WR); c->shut_after = 0; }
+    }
+    if (c->mode == M_PY && c->over_high && c->out.len - c->out_off <= f->high_water / 4) {
+        c->over_high = 0;
+        push_ev(f, EV_DRAINED, slot, c->gen, 0, NULL, 0);
+    }
+    watch(f, slot);
+}
+
+/* C mode -> Python mode, once every queued request is answered (their order). */
+static void try_switch(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    if (!c->open || c->mode != M_C || !c->want_py || c->write_seq != c->next_seq) return;
+    size_t n = c->in.len - c->in_off;
+    if (push_ev(f, EV_ADOPT, slot, c->gen, c->eof, c->in.p + c->in_off, n)) return;
+    c->mode = M_PY; c->want_py = 0; c->in.len = c->in_off = 0; c->fwd = 0;
+    c->partial_since = 0; c->py_paused = 0; c->unacked = 0;
+    f->n_switched++;
+    watch(f, slot);
+}
+
+static int lower_eq(const char *a, size_t n, const char *lit) {
+    size_t m = strlen(lit);
+    if (n != m) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = a[i];
+        if (ch >= 'A' && ch <= 'Z') ch += 32;
+        if (ch != lit[i]) return 0;
+    }
+    return 1;
+}
+
+static int digits(const char *v, size_t n, uint64_t *out) {
+    if (n == 0 || n > 9) return -1;
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    *out = x;
+    return 0;
+}
+
+/* -- JSON requests: the body with its one `data` list emptied is the plan's key ----------- */
+typedef struct { const char *p, *end; int depth; const char *ds, *de; int spans; } js_t;
+
+static void js_ws(js_t *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+}
+
+static int js_string(js_t *j) {
+    j->p++;
+    while (j->p < j->end) {
+        unsigned char c = *j->p++;
+        if (c == '"') return 0;
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            if (j->p >= j->end) return -1;
+            c = *j->p++;
+            if (c == 'u') {
+                for (int i = 0; i < 4; i++, j->p++)
+                    if (j->p >= j->end || !strchr("0123456789abcdefABCDEF", *j->p) || !*j->p) return -1;
+            } else if (!strchr("\"\\/bfnrt", c) || !c) return -1;
+        }
+    }
+    return -1;
+}
+
+/* A JSON number (RFC 8259's grammar); *is_int: no fraction, no exponent. */
+static int js_number(js_t *j, int *is_int) {
+    const char *p = j->p;
+    if (p < j->end && *p == '-') p++;
+    if (p >= j->end) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < j->end && *p >= '0' && *p <= '9') p++;
+    else return -1;
+    *is_int = 1;
+    if (p < j->end && *p == '.') {
+        p++; *is_int = 0;
+        if (p >= j->end || *p < '0' || *p > '9') return -1;
+        while (p < j->end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < j->end && (*p == 'e' || *p == 'E')) {
+        p++; *is_int = 0;
+        if (p < j->end && (*p == '+' || *p == '-')) p++;
+        if (p >= j->end || *p < '0' || *p > '9') return -1;
+        while (p < j->end && *p >= '0' && *p <= '9') p++;
+    }
+    j->p = p;
+    return 0;
+}
+
+/* ctx: 0 any value, 1 the root, 2 the root's "inputs", 3 one input, 4 an input's "data" */
+static int js_value(js_t *j, int ctx) {
+    js_ws(j);
+    if (j->p >= j->end) return -1;
+    char c = *j->p;
+    if (c == '{') {
+        if (++j->depth > 32) return -1;
+        j->p++; js_ws(j);
+        if (j->p < j->end && *j->p == '}') { j->p++; j->depth--; return 0; }
+        while (1) {
+            js_ws(j);
+            if (j->p >= j->end || *j->p != '"') return -1;
+            const char *k = j->p;
+            if (js_string(j)) return -1;
+            size_t kn = j->p - k;
+            /* a key with an escape may be any key once decoded ("d\u0061ta" is "data"): the
+             * Python path reads such a body, so the data list is the one orjson reads */
+            if (memchr(k, '\\', kn)) return -1;
+            js_ws(j);
+            if (j->p >= j->end || *j->p != ':') return -1;
+            j->p++;
+            int child = 0;
+            if (ctx == 1 && kn == 8 && !memcmp(k, "\"inputs\"", 8)) child = 2;
+            else if (ctx == 3 && kn == 6 && !memcmp(k, "\"data\"", 6)) child = 4;
+            if (js_value(j, child)) return -1;
+            js_ws(j);
+            if (j->p >= j->end) return -1;
+            if (*j->p == ',') { j->p++; continue; }
+            if (*j->p == '}') { j->p++; j->depth--; return 0; }
+            return -1;
+        }
+    }
+    if (c == '[') {
+        if (++j->depth > 32) return -1;
+        j->p++;
+        const char *start = j->p;
+        js_ws(j);
+        if (j->p < j->end && *j->p == ']') {
+            if (ctx == 4) { j->ds = start; j->de = j->p; j->spans++; }
+            j->p++; j->depth--; return 0;
+        }
+        while (1) {
+            if (ctx == 4) {  /* a flat list of numbers, or not ours */
+                int is_int;
+                js_ws(j);
+                if (js_number(j, &is_int)) return -1;
+            } else if (js_value(j, ctx == 2 ? 3 : 0)) return -1;
+            js_ws(j);
+            if (j->p >= j->end) return -1;
+            if (*j->p == ',') { j->p++; continue; }
+            if (*j->p == ']') {
+                if (ctx == 4) { j->ds = start; j->de = j->p; j->spans++; }
+                j->p++; j->depth--; return 0;
+            }
+            return -1;
+        }
+    }
+    if (ctx == 4) return -1;
+    if (c == '"') return js_string(j);
+    if (c == 't') { if (j->end - j->p < 4 || memcmp(j->p, "true", 4)) return -1; j->p += 4; return 0; }
+    if (c == 'f') { if (j->end - j->p < 5 || memcmp(j->p, "false", 5)) return -1; j->p += 5; return 0; }
+    if (c == 'n') { if (j->end - j->p < 4 || memcmp(j->p, "null", 4)) return -1; j->p += 4; return 0; }
+    int is_int;
+    return js_number(j, &is_int);
+}
+
+/* The body's one data list [*ds, *de) (between its brackets), or -1: not a JSON request
+ * this front reads (not an object, not valid JSON, no or several data lists, a list of
+ * anything but numbers). */
+static int js_scan(const char *body, size_t n, const char **ds, const char **de) {
+    js_t j = {body, body + n, 0, NULL, NULL, 0};
+    js_ws(&j);
+    if (j.p >= j.end || *j.p != '{') return -1;
+    if (js_value(&j, 1)) return -1;
+    js_ws(&j);
+    if (j.p != j.end || j.spans != 1) return -1;
+    *ds = j.ds; *de = j.de;
+    return 0;
+}
+
+/* The data list's numbers as the plan's datatype into out[count]: what the Python path
+ * reads without an error (integers exact to 2**53, floats within the datatype's range),
+ * else -1 and the Python path answers. */
+static int js_read(const char *p, const char *end, int size, char *out, uint32_t count) {
+    js_t j = {p, end, 0, NULL, NULL, 0};
+    uint32_t i = 0;
+    char tmp[64];
+    while (1) {
+        js_ws(&j);
+        if (j.p >= j.end) break;
+        const char *t = j.p;
+        int is_int;
+        if (js_number(&j, &is_int) || i >= count) return -1;
+        size_t tn = j.p - t;
+        double d;
+        if (is_int) {
+            const char *q = t;
+            int neg = *q == '-';
+            if (neg) q++;
+            if (j.p - q > 15) return -1;  /* past 2**53 maybe: the Python path */
+            long long x = 0;
+            for (; q < j.p; q++) x = x * 10 + (*q - '0');
+            d = (double)(neg ? -x : x);
+        } else {
+            if (tn >= sizeof tmp) return -1;
+            memcpy(tmp, t, tn); tmp[tn] = '\0';
+            d = strtod(tmp, NULL);
+            if (!isfinite(d)) return -1;
+        }
+        if (size == 4) {
+            if (fabs(d) > FLT_MAX) return -1;
+            float fl = (float)d;
+            memcpy(out + (size_t)i * 4, &fl, 4);
+        } else {
+            memcpy(out + (size_t)i * 8, &d, 8);
+        }
+        i++;
+        js_ws(&j);
+        if (j.p < j.end && *j.p == ',') j.p++;
+    }
+    return i == count ? 0 : -1;
+}
+
+enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2 };
+
+/* -- framing: llhttp, as the Python server frames (httptools, the same version) -----------
+ * A request is framed from the start of what is buffered by a parser of its own (llhttp
+ * carries nothing from one request to the next that matters to a request the front serves),
+ * paused at its end. Its head is read as httptools hands it to the Python server (a header
+ * is a name and the value after it; headers counted, and their bytes summed, the same
+ * way), so the front serves a request only where the Python server would frame it the
+ * same and serve it; anything else is the Python server's to answer. */
+typedef struct {
+    Front *f;
+    const char *url; size_t url_len;
+    const char *name; size_t name_len; const char *value; size_t value_len;
+    uint32_t count; size_t bytes;
+    int hosts, refuse, headers_done, complete, has_json;
+    uint64_t json, length;
+    const char *body; size_t body_len;
+} rq_t;
+
+/* The header read so far is whole (httptools' _maybe_call_on_header). */
+static void rq_header(rq_t *r) {
+    if (!r->value) return;
+    const char *n = r->name; size_t nn = r->name_len, vn = r->value_len;
+    r->count++;
+    r->bytes += nn + vn;
+    if (lower_eq(n, nn, "host")) r->hosts++;
+    else if (lower_eq(n, nn, "inference-header-content-length")) {
+        if (r->has_json || digits(r->value, vn, &r->json)) r->refuse = 1;
+        r->has_json = 1;
+    } else if (lower_eq(n, nn, "transfer-encoding") || lower_eq(n, nn, "content-encoding") ||
+               lower_eq(n, nn, "expect") || lower_eq(n, nn, "upgrade")) {
+        r->refuse = 1;
+    }
+    r->name = r->value = NULL; r->name_len = r->value_len = 0;
+}
+
+static int rq_url(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (!r->url) r->url = at;
+    if (r->url + r->url_len != at) r->refuse = 1; /* not one span: not ours to read */
+    r->url_len += n;
+    return 0;
+}
+
+static int rq_field(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    rq_header(r);
+    /* a name in pieces, or after a name with no value (httptools would join the two): the
+     * Python server reads it */
+    if (r->name && r->name + r->name_len != at) r->refuse = 1;
+    if (!r->name) r->name = at;
+    r->name_len += n;
+    return 0;
+}
+
+static int rq_value(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (r->value && r->value + r->value_len != at) r->refuse = 1;
+    if (!r->value) r->value = at;
+    r->value_len += n;
+    return 0;
+}
+
+static int rq_headers(llhttp_t *p) {
+    rq_t *r = p->data;
+    Front *f = r->f;
+    rq_header(r);
+    r->headers_done = 1;
+    r->length = p->content_length;
+    if (r->refuse || llhttp_get_method(p) != HTTP_POST || p->http_major != 1 || p->http_minor != 1 ||
+        p->upgrade || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) ||
+        !(p->flags & F_CONTENT_LENGTH) || r->hosts != 1 || r->count > f->max_header_count ||
+        r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
+        r->length > f->max_body || (r->has_json && r->json > r->length))
+        return -1;
+    if (r->url_len < 2 || r->url[0] != '/') return -1;
+    for (size_t i = 0; i < r->url_len; i++) {
+        unsigned char ch = r->url[i];
+        if (ch <= 0x20 || ch >= 0x7f || ch == '?' || ch == '%' || ch == '#') return -1;
+    }
+    return 0;
+}
+
+static int rq_body(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (!r->body) r->body = at;
+    if (r->body + r->body_len != at) return -1;
+    r->body_len += n;
+    return 0;
+}
+
+static int rq_complete(llhttp_t *p) {
+    ((rq_t *)p->data)->complete = 1;
+    return HPE_PAUSED; /* the next request is framed on its own */
+}
+
+static llhttp_settings_t rq_settings;
+
+static void rq_settings_init(void) {
+    llhttp_settings_init(&rq_settings);
+    rq_settings.on_url = rq_url;
+    rq_settings.on_header_field = rq_field;
+    rq_settings.on_header_value = rq_value;
+    rq_settings.on_headers_complete = rq_headers;
+    rq_settings.on_body = rq_body;
+    rq_settings.on_message_complete = rq_complete;
+}
+
+/* One request at p[0..n): queued (R_FAST, *used bytes), incomplete (R_MORE) or for Python. */
+static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **plan,
+                     int *close, const char **payload, const char **payload_end) {
+    rq_t r;
+    memset(&r, 0, sizeof r);
+    r.f = f;
+    llhttp_t parser;
+    llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
+    parser.data = &r;
+    llhttp_errno_t err = llhttp_execute(&parser, p, n);
+    if (err == HPE_OK) {
+        /* unfinished: a head past the front's bound, or a body past its own, is Python's */
+        return (!r.headers_done && n > f->max_head) ? R_SWITCH : R_MORE;
+    }
+    if (err != HPE_PAUSED || !r.complete) return R_SWITCH;
+    size_t whole = llhttp_get_error_pos(&parser) - p;
+    if (whole - r.body_len > f->max_head || r.body_len != r.length) return R_SWITCH;
+    *used = whole;
+    *close = !llhttp_should_keep_alive(&parser);
+    const char *body = r.body ? r.body : p + whole;
+    size_t length = r.body_len;
+    const char *target = r.url;
+    size_t tn = r.url_len;
+    if (r.has_json) {
+        plan_t *pl = find_plan(f, target, tn, body, r.json, 0);
+        if (!pl || length - r.json != pl->payload) return R_SWITCH;
+        *plan = pl; *payload = body + r.json; *payload_end = NULL;
+        return R_FAST;
+    }
+    const char *ds, *de;
+    if (!f->json_plans || js_scan(body, length, &ds, &de)) return R_SWITCH;
+    size_t kn = length - (de - ds);
+    if (kn > 8192) return R_SWITCH;
+    char key[8192];
+    memcpy(key, body, ds - body);
+    memcpy(key + (ds - body), de, body + length - de);
+    plan_t *pl = find_plan(f, target, tn, key, kn, 1);
+    if (!pl) return R_SWITCH;
+    *plan = pl; *payload = ds; *payload_end = de;
+    return R_FAST;
+}
+
+static int idle(conn_t *c) {
+    return c->mode == M_C && c->write_seq == c->next_seq && c->in.len == c->in_off &&
+           c->out.len == c->out_off;
+}
+
+static void parse(Front *f, uint32_t slot, double now) {
+    conn_t *c = &f->conns[slot];
+    while (c->open && c->mode == M_C && !c->want_py && !c->no_more) {
+        size_t avail = c->in.len - c->in_off;
+        if (!avail) { c->partial_since = 0; break; }
+        if (c->next_seq - c->write_seq >= f->max_pipe || c->out.len - c->out_off > f->high_water)
+            break;
+        if (!f->fast_on) { c->want_py = 1; break; }
+        size_t used = 0; plan_t *pl = NULL; int cl = 0; const char *payload = NULL, *pend = NULL;
+        int r = recognise(f, c->in.p + c->in_off, avail, &used, &pl, &cl, &payload, &pend);
+        if (r == R_MORE) {
+            if (c->eof) c->want_py = 1; /* cut short: Python says so */
+            else if (!c->partial_since) c->partial_since = now;
+            break;
+        }
+        if (r == R_SWITCH) { c->want_py = 1; break; }
+        arrival_t a = {((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
+                           (c->next_seq & SEQ_MASK),
+                       now, pl->id, pl->payload};
+        if (buf_reserve(&f->arena, pl->payload) || buf_reserve(&f->arrivals, sizeof a)) {
+            c->want_py = 1; /* out of memory: Python's path answers it */
+            break;
+        }
+        if (!pend) memcpy(f->arena.p + f->arena.len, payload, pl->payload);
+        else if (js_read(payload, pend, pl->size, f->arena.p + f->arena.len, pl->payload / pl->size)) {
+            c->want_py = 1; /* numbers the Python path must word an error for */
+            break;
+        }
+        f->arena.len += pl->payload;
+        buf_add(&f->arrivals, &a, sizeof a);
+        f->n_fast++;
+        if (cl) { c->close_seq_set = 1; c->close_seq = c->next_seq; c->no_more = 1; }
+        c->next_seq++;
+        c->in_off += used;
+        c->partial_since = 0;
+    }
+    if (!c->open) return;
+    if (c->in_off && c->in_off == c->in.len) c->in.len = c->in_off = 0;
+    if (c->want_py) try_switch(f, slot);
+    else if (f->closing && idle(c)) { close_conn(f, slot, 0); return; }
+    else if (c->mode == M_C && c->eof && c->write_seq == c->next_seq && c->in.len == c->in_off) {
+        if (c->out.len > c->out_off) c->close_after = 1; else { close_conn(f, slot, 0); return; }
+    }
+    watch(f, slot);
+}
+
+static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
+    conn_t *c = &f->conns[slot];
+    if (e & EPOLLERR) {
+        /* a reset or a socket error: collected whether or not reading is paused (epoll
+         * reports it level-triggered either way, and an uncollected one spins this thread) */
+        close_conn(f, slot, 1);
+        return;
+    }
+    if ((e & EPOLLHUP) && c->mode == M_C && !(e & EPOLLIN)) {
+        close_conn(f, slot, 0); /* both ways shut, nothing left to read: the client is gone */
+        return;
+    }
+    if (c->eof && c->mode != M_LINGER) {
+        /* nothing more to read; a hang-up now means the client is gone both ways */
+        if (e & (EPOLLHUP | EPOLLERR)) close_conn(f, slot, 1);
+        return;
+    }
+    if (c->mode == M_C) {
+        for (int i = 0; i < 4 && c->open && !c->eof; i++) {
+            size_t room = (size_t)f->max_head + f->max_body;
+            if (c->in.len - c->in_off >= room) break;
+            if (c->in_off && c->in.len + READ_CHUNK > c->in.cap) {
+                memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
+                c->in.len -= c->in_off; c->in_off = 0;
+            }
+            if (buf_reserve(&c->in, READ_CHUNK)) { close_conn(f, slot, 0); return; }
+            ssize_t n = recv(c->fd, c->in.p + c->in.len, READ_CHUNK, 0);
+            if (n == 0) { c->eof = 1; break; }
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                close_conn(f, slot, 0);
+                return;
+            }
+            c->in.len += n; c->last_io = now;
+            if ((size_t)n < READ_CHUNK) break;
+        }
+        parse(f, slot, now);
+        return;
+    }
+    char chunk[READ_CHUNK];
+    ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
+    if (n < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return;
+        close_conn(f, slot, 1);
+        return;
+    }
+    c->last_io = now;
+    if (c->mode == M_LINGER) {
+        if (n == 0) close_conn(f, slot, 0);
+        return;
+    }
+    if (n == 0) { c->eof = 1; push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0); }
+    else { c->fwd++; c->unacked = 1; push_ev(f, EV_DATA, slot, c->gen, 0, chunk, n); }
+    watch(f, slot);
+}
+
+/* Turn a connection away at once: the 503, a FIN, what it sent read and dropped (so the
+ * close is no reset that destroys the 503 on its way), closed. */
+static void refuse_now(Front *f, int fd) {
+    if (send(fd, f->busy.p, f->busy.len, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
+    close(fd);
+    f->n_refused++;
+}
+
+/* No descriptor, buffer or memory for a new connection: stop watching the listening socket
+ * for ACCEPT_BACKOFF_S (it stays readable, and a level-triggered watch would spin this
+ * thread) and take connections again after it, as nginx and libuv do. */
+static void pause_accepting(Front *f, double now) {
+    if (f->accept_paused || f->lfd < 0) return;
+    struct epoll_event ev = {.events = 0, .data.u64 = TAG_LISTEN};
+    epoll_ctl(f->ep, EPOLL_CTL_MOD, f->lfd, &ev);
+    f->accept_paused = 1; f->accept_resume = now + ACCEPT_BACKOFF_S; f->n_accept_paused++;
+}
+
+static void resume_accepting(Front *f, double now) {
+    if (!f->accept_paused || now < f->accept_resume) return;
+    f->accept_paused = 0;
+    if (f->lfd < 0 || !f->accepting) return;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_LISTEN};
+    epoll_ctl(f->ep, EPOLL_CTL_MOD, f->lfd, &ev);
+}
+
+/* accept4 failed with `err`: 1 go on accepting, 0 stop for now. At the descriptor limit
+ * the spare descriptor is given up for a moment to take the client and refuse it (503),
+ * so a client past the limit is answered rather than left waiting in the backlog. */
+static int accept_failed(Front *f, int err, double now) {
+    if (err == EINTR || err == ECONNABORTED || err == EPROTO) return 1;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    if ((err == EMFILE || err == ENFILE) && f->spare_fd >= 0) {
+        close(f->spare_fd);
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) refuse_now(f, fd);
+        f->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0 && f->spare_fd >= 0) return 1;
+    }
+    pause_accepting(f, now);  /* ENOBUFS, ENOMEM, or no spare descriptor to give up */
+    return 0;
+}
+
+static void do_accept(Front *f, double now) {
+    for (int i = 0; i < 64 && f->accepting && !f->accept_paused; i++) {
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (accept_failed(f, errno, now)) continue;
+            return;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (f->nconn >= f->max_conns) {
+            /* the connection idle longest makes room, as the Python server does */
+            uint32_t victim = UINT32_MAX; double oldest = 0;
+            for (uint32_t s = 0; s < f->nslots; s++) {
+                conn_t *c = &f->conns[s];
+                if (c->open && c->mode == M_C && c->write_seq == c->next_seq &&
+                    c->in.len == c->in_off && (victim == UINT32_MAX || c->last_io < oldest)) {
+                    victim = s; oldest = c->last_io;
+                }
+            }
+            if (victim == UINT32_MAX) {
+                /* every one has a request under way: 503, then a lingering close (the
+                 * client reads the 503, not a reset), in one of the spare slots */
+                if (!f->nfree) { refuse_now(f, fd); continue; }
+                uint32_t slot = f->freelist[--f->nfree];
+                conn_t *c = &f->conns[slot];
+                uint32_t gen = c->gen;
+                memset(c, 0, sizeof *c);
+                c->gen = gen; c->fd = fd; c->open = 1; c->last_io = now;
+                c->mode = M_LINGER; c->shut_after = 1; c->linger_until = now + LINGER_S;
+                c->events = EPOLLIN;
+                struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ((uint64_t)gen << 32) | slot};
+                if (buf_add(&c->out, f->busy.p, f->busy.len) ||
+                    epoll_ctl(f->ep, EPOLL_CTL_ADD, fd, &ev)) {
+                    buf_free(&c->out); close(fd); c->open = 0; c->fd = -1;
+                    f->freelist[f->nfree++] = slot;
+                    continue;
+                }
+                f->nconn++;
+                flush(f, slot);
+                continue;
+            }
+            close_conn(f, victim, 0);
+        }
+        if (!f->nfree) { refuse_now(f, fd); continue; }  /* every slot held or reserved */
+        uint32_t slot = f->freelist[--f->nfree];
+        conn_t *c = &f->conns[slot];
+        uint32_t gen = c->gen;
+        memset(c, 0, sizeof *c);
+        c->gen = gen; c->fd = fd; c->open = 1; c->mode = M_C; c->last_io = now;
+        c->events = EPOLLIN;
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ((uint64_t)gen << 32) | slot};
+        if (epoll_ctl(f->ep, EPOLL_CTL_ADD, fd, &ev)) {
+            close(fd); c->open = 0; f->freelist[f->nfree++] = slot; continue;
+        }
+        f->nconn++; f->n_accepted++;
+    }
+}
+
+static void sweep(Front *f, double now) {
+    for (uint32_t s = 0; s < f->nslots; s++) {
+        conn_t *c = &f->conns[s];
+        if (!c->open) continue;
+        if (c->mode == M_LINGER) {
+            if (now > c->linger_until) close_conn(f, s, 0);
+        } else if (c->mode == M_C) {
+            if (idle(c) && (f->closing || now - c->last_io > f->keep_alive_s)) close_conn(f, s, 0);
+            else if (c->partial_since && now - c->partial_since > f->partial_s) {
+                c->want_py = 1;  /* a slow request: the Python server's timeouts apply */
+                try_switch(f, s);
+            }
+        }
+    }
+}
+
+static void *io_main(void *arg) {
+    Front *f = arg;
+    struct epoll_event evs[256];
+    double last_sweep = now_s();
+    while (1) {
+        int n = epoll_wait(f->ep, evs, 256, 100);
+        pthread_mutex_lock(&f->mu);
+        if (n == 0) f->n_idle++;
+        if (!f->running) { pthread_mutex_unlock(&f->mu); break; }
+        double now = now_s();
+        for (int i = 0; i < n; i++) {
+            uint64_t tag = evs[i].data.u64;
+            if (tag == TAG_LISTEN) { do_accept(f, now); continue; }
+            if (tag == TAG_WAKE) { uint64_t x; if (read(f->wake_fd, &x, 8) < 0) {} continue; }
+            uint32_t slot = (uint32_t)tag, gen = (uint32_t)(tag >> 32);
+            if (slot >= f->nslots) continue;
+            conn_t *c = &f->conns[slot];
+            if (!c->open || c->gen != gen) continue;
+            uint32_t e = evs[i].events;
+            if (e & EPOLLOUT) flush(f, slot);
+            if (c->open && c->gen == gen && (e & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_read(f, slot, now, e);
+        }
+        if (now - last_sweep > SWEEP_S) { sweep(f, now); last_sweep = now; }
+        resume_accepting(f, now);
+        f->n_loops++;
+        signal_py(f);
+        pthread_mutex_unlock(&f->mu);
+    }
+    return NULL;
+}
+
+/* -- Python API --------------------------------------------------------------------------- */
+static void place(Front *f, uint64_t token, const char **head, const size_t *hl, int nh,
+                  const char **body, const size_t *bl, int nb, int close);
+static void after_answers(Front *f, uint32_t slot);
+
+#define LOCK(f) do { if (pthread_mutex_trylock(&(f)->mu)) { Py_BEGIN_ALLOW_THREADS \
+    pthread_mutex_lock(&(f)->mu); Py_END_ALLOW_THREADS } } while (0)
+#define UNLOCK(f) pthread_mutex_unlock(&(f)->mu)
+
+static int Front_init(Front *f, PyObject *args, PyObject *kw) {
+    static char *names[] = {"fd", "max_connections", "max_pipelined", "max_header_count",
+                            "max_header_bytes", "max_body_bytes", "max_unsent_bytes",
+                            "keep_alive_s", "partial_s", "busy", NULL};
+    int fd;
+    unsigned int mc, mp, mhc, mhb, mb;
+    Py_ssize_t hw;
+    double ka, ps;
+    Py_buffer busy;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iIIIIInddy*", names, &fd, &mc, &mp, &mhc, &mhb,
+                                     &mb, &hw, &ka, &ps, &busy))
+        return -1;
+    if (f->started) { PyBuffer_Release(&busy); PyErr_SetString(PyExc_RuntimeError, "started"); return -1; }
+    pthread_mutex_init(&f->mu, NULL);
+    f->max_conns = mc ? mc : 1; f->max_pipe = mp ? mp : 1; f->max_header_count = mhc;
+    /* a head the front serves: what the Python server never refuses as too long (its bound,
+     * 2 * max_header_bytes + 5120, counts whole slices of up to 4096 bytes) */
+    f->max_header_bytes = mhb; f->max_head = 2 * mhb + 1024; f->max_body = mb;
+    f->high_water = hw; f->keep_alive_s = ka; f->partial_s = ps;
+    f->nslots = f->max_conns + 64;
+    f->conns = calloc(f->nslots, sizeof(conn_t));
+    f->freelist = malloc(f->nslots * sizeof(uint32_t));
+    buf_add(&f->busy, busy.buf, busy.len);
+    PyBuffer_Release(&busy);
+    if (!f->conns || !f->freelist) { PyErr_NoMemory(); return -1; }
+    for (uint32_t i = 0; i < f->nslots; i++) f->freelist[i] = f->nslots - 1 - i;
+    f->nfree = f->nslots;
+    f->lfd = dup(fd);
+    f->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    f->ep = epoll_create1(EPOLL_CLOEXEC);
+    f->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    f->py_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (f->lfd < 0 || f->ep < 0 || f->wake_fd < 0 || f->py_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError); return -1;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_LISTEN};
+    epoll_ctl(f->ep, EPOLL_CTL_ADD, f->lfd, &ev);
+    struct epoll_event we = {.events = EPOLLIN, .data.u64 = TAG_WAKE};
+    epoll_ctl(f->ep, EPOLL_CTL_ADD, f->wake_fd, &we);
+    f->fast_on = 1; f->accepting = 1; f->running = 1;
+    if (pthread_create(&f->thread, NULL, io_main, f)) {
+        f->running = 0; PyErr_SetString(PyExc_OSError, "cannot start the front's thread"); return -1;
+    }
+    f->started = 1;
+    return 0;
+}
+
+static void stop_thread(Front *f) {
+    if (!f->started) return;
+    pthread_mutex_lock(&f->mu);
+    f->running = 0;
+    pthread_mutex_unlock(&f->mu);
+    uint64_t one = 1;
+    if (write(f->wake_fd, &one, 8) < 0) {}
+    pthread_join(f->thread, NULL);
+    f->started = 0;
+    for (uint32_t s = 0; s < f->nslots; s++) if (f->conns[s].open) close_conn(f, s, 0);
+    if (f->lfd >= 0) close(f->lfd);
+    close(f->ep); close(f->wake_fd); close(f->py_fd);
+    if (f->spare_fd >= 0) close(f->spare_fd);
+    f->spare_fd = -1;
+    f->lfd = f->ep = f->wake_fd = f->py_fd = -1;
+}
+
+static void Front_dealloc(Front *f) {
+    stop_thread(f);
+    for (ev_t *e = f->ev_head; e;) { ev_t *n = e->next; free(e); e = n; }
+    for (int i = 0; i < NPLANS; i++) free(f->plans[i].key);
+    buf_free(&f->arena); buf_free(&f->arrivals); buf_free(&f->busy);
+    free(f->conns); free(f->freelist);
+    if (f->started || f->conns) pthread_mutex_destroy(&f->mu);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *Front_stop(Front *f, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS stop_thread(f); Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *Front_fileno(Front *f, PyObject *unused) { return PyLong_FromLong(f->py_fd); }
+
+/* add_plan(target, key, payload_bytes, plan_id, size=0) -> bool (False: the table is
+ * full); size 0: a binary request's (key: its JSON header), 4 / 8: a JSON request's whose
+ * data is FP32 / FP64 (key: its body with the data list emptied, `skeleton`). */
+static PyObject *Front_add_plan(Front *f, PyObject *args) {
+    Py_buffer t, h; unsigned int payload; int id, size = 0;
+    if (!PyArg_ParseTuple(args, "y*y*Ii|i", &t, &h, &payload, &id, &size)) return NULL;
+    if ((size != 0 && size != 4 && size != 8) || (size && payload % size)) {
+        PyBuffer_Release(&t); PyBuffer_Release(&h);
+        PyErr_SetString(PyExc_ValueError, "add_plan: size is 0, 4 or 8, dividing payload");
+        return NULL;
+    }
+    int ok = 0;
+    LOCK(f);
+    if (!find_plan(f, t.buf, t.len, h.buf, h.len, size != 0) && f->nplans < NPLANS / 2) {
+        uint64_t hash = fnv(t.buf, t.len, h.buf, h.len);
+        char *key = malloc(t.len + 1 + h.len);
+        if (key) {
+            memcpy(key, t.buf, t.len); key[t.len] = '\0'; memcpy(key + t.len + 1, h.buf, h.len);
+            for (uint32_t i = 0; i < NPLANS; i++) {
+                plan_t *p = &f->plans[(hash + i) % NPLANS];
+                if (!p->key) {
+                    p->key = key; p->keylen = t.len + 1 + h.len; p->hash = hash;
+                    p->id = id; p->payload = payload; p->size = size; f->nplans++; ok = 1;
+                    if (size) f->json_plans = 1;
+                    break;
+                }
+            }
+            if (!ok) free(key);
+        }
+    }
+    UNLOCK(f);
+    PyBuffer_Release(&t); PyBuffer_Release(&h);
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *Front_clear_plans(Front *f, PyObject *unused) {
+    LOCK(f);
+    for (int i = 0; i < NPLANS; i++) { free(f->plans[i].key); f->plans[i].key = NULL; }
+    f->nplans = 0; f->json_plans = 0;
+    UNLOCK(f);
+    Py_RETURN_NONE;
+}
+
+/* skeleton(body) -> (key, count) | None: a JSON request's plan key (the body with its one
+ * data list emptied) and how many numbers that list holds, as `recognise` reads them. */
+static PyObject *Front_skeleton(Front *f, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    const char *body = b.buf, *ds, *de;
+    PyObject *out = NULL;
+    if (!js_scan(body, b.len, &ds, &de)) {
+        uint32_t count = 0;
+        js_t j = {ds, de, 0, NULL, NULL, 0};
+        int is_int, bad = 0;
+        while (1) {
+            js_ws(&j);
+            if (j.p >= j.end) break;
+            if (js_number(&j, &is_int)) { bad = 1; break; }
+            count++;
+            js_ws(&j);
+            if (j.p < j.end && *j.p == ',') j.p++;
+        }
+        if (!bad) {
+            size_t kn = b.len - (de - ds);
+            PyObject *key = PyBytes_FromStringAndSize(NULL, kn);
+            if (key) {
+                char *k = PyBytes_AS_STRING(key);
+                memcpy(k, body, ds - body);
+                memcpy(k + (ds - body), de, body + b.len - de);
+                out = Py_BuildValue("(NI)", key, count);
+            }
+        }
+    }
+    PyBuffer_Release(&b);
+    if (!out && !PyErr_Occurred()) Py_RETURN_NONE;
+    return out;
+}
+
+/* answer_json(tokens, head, prefix, rows, ends, suffix): request i gets head, its length
+ * and connection lines, and prefix + rows[ends[i-1]:ends[i]] + suffix (ends: int64). */
+static PyObject *Front_answer_json(Front *f, PyObject *args) {
+    Py_buffer tk, head, pre, rows, ends, suf;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &tk, &head, &pre, &rows, &ends, &suf)) return NULL;
+    size_t ntok = tk.len / 8;
+    const int64_t *e = ends.buf;
+    int ok = (size_t)ends.len / 8 == ntok;
+    for (size_t i = 0; ok && i < ntok; i++)
+        if (e[i] < (i ? e[i - 1] : 0) || e[i] > rows.len) ok = 0;
+    if (ok) {
+        const uint64_t *tokens = tk.buf;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&f->mu);
+        for (size_t t = 0; t < ntok; t++) {
+            int64_t s0 = t ? e[t - 1] : 0;
+            size_t body = pre.len + (e[t] - s0) + suf.len;
+            char line[48];
+            int ln = snprintf(line, sizeof line, "content-length: %zu\r\n", body);
+            const char *hp[2] = {head.buf, line};
+            size_t hl[2] = {head.len, (size_t)ln};
+            const char *bp[3] = {pre.buf, (char *)rows.buf + s0, suf.buf};
+            size_t bl[3] = {pre.len, (size_t)(e[t] - s0), suf.len};
+            place(f, tokens[t], hp, hl, 2, bp, bl, 3, 0);
+        }
+        for (size_t t = 0; t < ntok; t++) if ((tokens[t] >> 40) < f->nslots) after_answers(f, tokens[t] >> 40);
+        signal_py(f);
+        pthread_mutex_unlock(&f->mu);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "answer_json: one end per request, increasing");
+    }
+    PyBuffer_Release(&tk); PyBuffer_Release(&head); PyBuffer_Release(&pre);
+    PyBuffer_Release(&rows); PyBuffer_Release(&ends); PyBuffer_Release(&suf);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* take() -> (events, arrivals, payloads): events a list of (kind, cid, flag, bytes); arrivals
+ * the packed records (token u64, time f64, plan i32, length u32); payloads their bytes. */
+static PyObject *Front_take(Front *f, PyObject *unused) {
+    uint64_t x;
+    if (read(f->py_fd, &x, 8) < 0) {}
+    LOCK(f);
+    ev_t *evs = f->ev_head;
+    f->ev_head = f->ev_tail = NULL;
+    buf_t arr = f->arrivals, arena = f->arena;
+    memset(&f->arrivals, 0, sizeof(buf_t)); memset(&f->arena, 0, sizeof(buf_t));
+    f->signaled = 0;
+    UNLOCK(f);
+    PyObject *list = PyList_New(0);
+    for (ev_t *e = evs; e;) {
+        ev_t *next = e->next;
+        if (list) {
+            PyObject *t = Py_BuildValue("(iKiy#)", e->kind, ((unsigned long long)e->gen << 32) | e->slot,
+                                        e->flag, e->data, (Py_ssize_t)e->len);
+            if (!t || PyList_Append(list, t)) Py_CLEAR(list);
+            Py_XDECREF(t);
+        }
+        free(e);
+        e = next;
+    }
+    PyObject *out = NULL;
+    if (list) out = Py_BuildValue("(Ny#y#)", list, arr.p ? arr.p : "", (Py_ssize_t)arr.len,
+                                  arena.p ? arena.p : "", (Py_ssize_t)arena.len);
+    buf_free(&arr); buf_free(&arena);
+    return out;
+}
+
+/* An answer for the request `token`: into its connection's output in order. It is the
+ * `head` parts (status line and headers), the connection line and blank line, then the
+ * `body` parts. */
+static void place(Front *f, uint64_t token, const char **head, const size_t *hl, int nh,
+                  const char **body, const size_t *bl, int nb, int close) {
+    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
+    if (slot >= f->nslots) return;
+    conn_t *c = &f->conns[slot];
+    if ((c->gen & GEN_MASK) != gen) return;
+    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK)) return;
+    if (!c->open) {  /* its client is gone: the answer is dropped; the last frees the slot */
+        if (c->reserved && !--c->owed) free_slot(f, slot);
+        return;
+    }
+    if (c->mode == M_LINGER) { c->gone++; return; }
+    if (close && !c->close_seq_set) {  /* this answer closes: nothing after it is read */
+        c->close_seq_set = 1; c->close_seq = seq; c->no_more = 1;
+    }
+    int last = c->close_seq_set && (c->close_seq & SEQ_MASK) == seq;
+    const char *tail = last ? "connection: close\r\n\r\n" : "\r\n";
+    size_t tn = strlen(tail), total = tn;
+    for (int i = 0; i < nh; i++) total += hl[i];
+    for (int i = 0; i < nb; i++) total += bl[i];
+    buf_t *dst = NULL;
+    held_t *h = NULL;
+    if ((c->write_seq & SEQ_MASK) == seq) {
+        dst = &c->out;
+        if (buf_reserve(dst, total)) { close_conn(f, slot, 0); return; }
+    } else {
+        h = malloc(sizeof(held_t) + total);
+        if (!h) { close_conn(f, slot, 0); return; }
+        h->seq = seq; h->len = 0;
+    }
+    char *w = dst ? dst->p + dst->len : h->data;
+    for (int i = 0; i < nh; i++) { memcpy(w, head[i], hl[i]); w += hl[i]; }
+    memcpy(w, tail, tn); w += tn;
+    for (int i = 0; i < nb; i++) { memcpy(w, body[i], bl[i]); w += bl[i]; }
+    if (h) {
+        h->len = total;
+        held_t **pp = &c->held;
+        while (*pp && (((*pp)->seq - c->write_seq) & SEQ_MASK) < ((seq - c->write_seq) & SEQ_MASK)) pp = &(*pp)->next;
+        h->next = *pp; *pp = h;
+        return;
+    }
+    dst->len += total;
+    c->write_seq++;
+    if (last) linger_close(f, slot);
+    while (c->mode != M_LINGER && c->held && c->held->seq == (c->write_seq & SEQ_MASK)) {
+        held_t *n = c->held;
+        c->held = n->next;
+        int l2 = c->close_seq_set && (c->close_seq & SEQ_MASK) == n->seq;
+        buf_add(&c->out, n->data, n->len);
+        free(n);
+        c->write_seq++;
+        if (l2) linger_close(f, slot);
+    }
+}
+
+static void after_answers(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    if (!c->open) return;
+    flush(f, slot);
+    if (c->open && c->mode == M_C) parse(f, slot, now_s());
+}
+
+/* answer_parts(tokens, head, body_prefix, [(buffer, bytes_per_request), ...]): request i
+ * gets head + its connection line + body_prefix + each buffer's i-th slice. */
+static PyObject *Front_answer_parts(Front *f, PyObject *args) {
+    Py_buffer tk, head, pre; PyObject *outs;
+    if (!PyArg_ParseTuple(args, "y*y*y*O!", &tk, &head, &pre, &PyList_Type, &outs)) return NULL;
+    int n = (int)PyList_GET_SIZE(outs);
+    Py_buffer bufs[8]; Py_ssize_t per[8]; int got = 0, ok = n <= 8;
+    for (int i = 0; ok && i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(outs, i);
+        PyObject *o; Py_ssize_t k;
+        if (!PyArg_ParseTuple(item, "On", &o, &k) || PyObject_GetBuffer(o, &bufs[i], PyBUF_C_CONTIGUOUS)) { ok = 0; break; }
+        got++; per[i] = k;
+    }
+    size_t ntok = tk.len / 8;
+    for (int i = 0; ok && i < n; i++) if ((size_t)bufs[i].len < ntok * per[i]) ok = 0;
+    if (ok) {
+        const uint64_t *tokens = tk.buf;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&f->mu);
+        const char *hp[1] = {head.buf}, *parts[9]; size_t hl[1] = {head.len}, lens[9];
+        parts[0] = pre.buf; lens[0] = pre.len;
+        for (size_t t = 0; t < ntok; t++) {
+            for (int i = 0; i < n; i++) { parts[i + 1] = (char *)bufs[i].buf + t * per[i]; lens[i + 1] = per[i]; }
+            place(f, tokens[t], hp, hl, 1, parts, lens, n + 1, 0);
+        }
+        for (size_t t = 0; t < ntok; t++) {
+            uint32_t slot = tokens[t] >> 40;
+            if (slot < f->nslots) after_answers(f, slot);
+        }
+        signal_py(f);
+        pthread_mutex_unlock(&f->mu);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "answer_parts: at most 8 parts, each covering every request");
+    }
+    for (int i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    PyBuffer_Release(&tk); PyBuffer_Release(&head); PyBuffer_Release(&pre);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* answer_same(tokens, head, body, close=False): the same answer (an error) to each of
+ * `tokens`; `close`: each connection closes after it. */
+static PyObject *Front_answer_same(Front *f, PyObject *args) {
+    Py_buffer tk, head, body;
+    int close = 0;
+    if (!PyArg_ParseTuple(args, "y*y*y*|p", &tk, &head, &body, &close)) return NULL;
+    const uint64_t *tokens = tk.buf;
+    size_t ntok = tk.len / 8;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&f->mu);
+    const char *hp[1] = {head.buf}, *bp[1] = {body.buf};
+    size_t hl[1] = {head.len}, bl[1] = {body.len};
+    for (size_t t = 0; t < ntok; t++) place(f, tokens[t], hp, hl, 1, bp, bl, 1, close);
+    for (size_t t = 0; t < ntok; t++) if ((tokens[t] >> 40) < f->nslots) after_answers(f, tokens[t] >> 40);
+    signal_py(f);
+    pthread_mutex_unlock(&f->mu);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&tk); PyBuffer_Release(&head); PyBuffer_Release(&body);
+    Py_RETURN_NONE;
+}
+
+static conn_t *py_conn(Front *f, unsigned long long cid, uint32_t *slot) {
+    *slot = (uint32_t)cid;
+    if (*slot >= f->nslots) return NULL;
+    conn_t *c = &f->conns[*slot];
+    if (!c->open || c->gen != (uint32_t)(cid >> 32) || c->mode != M_PY) return NULL;
+    return c;
+}
+
+/* send(cid, data) -> bool: True while the connection's unsent output is past the mark */
+static PyObject *Front_send(Front *f, PyObject *args) {
+    unsigned long long cid; Py_buffer d;
+    if (!PyArg_ParseTuple(args, "Ky*", &cid, &d)) return NULL;
+    int high = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&f->mu);
+    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
+    if (c) {
+        if (buf_add(&c->out, d.buf, d.len)) close_conn(f, slot, 1);
+        else {
+            flush(f, slot);
+            if (c->open && c->out.len - c->out_off > f->high_water) { c->over_high = 1; high = 1; }
+        }
+    }
+    signal_py(f);
+    pthread_mutex_unlock(&f->mu);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&d);
+    return PyBool_FromLong(high);
+}
+
+/* control(cid, what): 0 close after the output is sent, 1 abort, 2 shut writing after it,
+ * 3 pause reading, 4 resume reading, 5 the last read was taken (the next may come). */
+static PyObject *Front_control(Front *f, PyObject *args) {
+    unsigned long long cid; int what;
+    if (!PyArg_ParseTuple(args, "Ki", &cid, &what)) return NULL;
+    LOCK(f);
+    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
+    if (c) {
+        if (what == 0) { c->close_after = 1; flush(f, slot); }
+        else if (what == 1) close_conn(f, slot, 0);
+        else if (what == 2) { c->shut_after = 1; flush(f, slot); }
+        else if (what == 5) { c->unacked = 0; watch(f, slot); }
+        else { c->py_paused = what == 3; watch(f, slot); }
+    }
+    UNLOCK(f);
+    Py_RETURN_NONE;
+}
+
+/* release(cid, forwarded) -> bool: Python's connection is idle having read `forwarded`
+ * reads: the front parses this connection again. */
+static PyObject *Front_release(Front *f, PyObject *args) {
+    unsigned long long cid, fwd;
+    if (!PyArg_ParseTuple(args, "KK", &cid, &fwd)) return NULL;
+    int ok = 0;
+    LOCK(f);
+    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
+    if (c && c->fwd == fwd && !c->eof && !c->close_after && !c->shut_after && f->fast_on &&
+        !f->closing) {
+        c->mode = M_C; c->py_paused = 0; c->unacked = 0; c->over_high = 0; c->no_more = 0;
+        c->close_seq_set = 0; c->want_py = 0; c->partial_since = 0;
+        ok = 1;
+        watch(f, slot);
+    }
+    UNLOCK(f);
+    return PyBool_FromLong(ok);
+}
+
+/* fast(on): off (draining), every request goes to Python; accept(on): take connections */
+static PyObject *Front_set(Front *f, PyObject *args) {
+    int fast, acc;
+    if (!PyArg_ParseTuple(args, "pp", &fast, &acc)) return NULL;
+    LOCK(f);
+    f->fast_on = fast;
+    if (!acc && f->accepting) {  /* the port's other listeners (SO_REUSEPORT) take them */
+        epoll_ctl(f->ep, EPOLL_CTL_DEL, f->lfd, NULL);
+        close(f->lfd);
+        f->lfd = -1;
+        f->accepting = 0;
+        f->closing = 1;  /* stopping: idle connections close, busy ones once answered */
+        for (uint32_t s = 0; s < f->nslots; s++)
+            if (f->conns[s].open && idle(&f->conns[s])) close_conn(f, s, 0);
+    }
+    UNLOCK(f);
+    Py_RETURN_NONE;
+}
+
+static PyObject *address(struct sockaddr_storage *a) {
+    char host[INET6_ADDRSTRLEN] = "";
+    int port = 0;
+    if (a->ss_family == AF_INET) {
+        struct sockaddr_in *v4 = (struct sockaddr_in *)a;
+        inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+        port = ntohs(v4->sin_port);
+    } else if (a->ss_family == AF_INET6) {
+        struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)a;
+        inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+        port = ntohs(v6->sin6_port);
+    } else {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(si)", host, port);
+}
+
+/* addresses(cid) -> (peer, local) | None: a Python-mode connection's (host, port) pairs */
+static PyObject *Front_addresses(Front *f, PyObject *args) {
+    unsigned long long cid;
+    if (!PyArg_ParseTuple(args, "K", &cid)) return NULL;
+    struct sockaddr_storage peer, local;
+    socklen_t pn = sizeof peer, ln = sizeof local;
+    int ok = 0;
+    LOCK(f);
+    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
+    if (c) ok = !getpeername(c->fd, (struct sockaddr *)&peer, &pn) &&
+                !getsockname(c->fd, (struct sockaddr *)&local, &ln);
+    UNLOCK(f);
+    if (!ok) Py_RETURN_NONE;
+    PyObject *a = address(&peer), *b = address(&local);
+    if (!a || !b) { Py_XDECREF(a); Py_XDECREF(b); return NULL; }
+    return Py_BuildValue("(NN)", a, b);
+}
+
+static PyObject *Front_stats(Front *f, PyObject *unused) {
+    LOCK(f);
+    unsigned long long in = 0, out = 0, queued = 0, python = 0, reserved = 0;
+    for (uint32_t s = 0; s < f->nslots; s++) {
+        conn_t *c = &f->conns[s];
+        reserved += c->reserved;
+        if (!c->open) continue;
+        in += c->in.len - c->in_off;
+        out += c->out.len - c->out_off;
+        for (held_t *h = c->held; h; h = h->next) out += h->len;
+        queued += c->next_seq - c->write_seq;
+        python += c->mode == M_PY;
+    }
+    PyObject *d = Py_BuildValue(
+        "{sKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "switched", (unsigned long long)f->n_switched, "accepted", (unsigned long long)f->n_accepted,
+        "connections", f->nconn, "plans", f->nplans, "unparsed_bytes", in, "unsent_bytes", out,
+        "queued", queued, "python_mode", python,
+        /* slots held for answers to closed connections; connections turned away at once
+         * (503); turns of the front's loop, and those its 100 ms wait ended with nothing
+         * to do (a thread at rest has about as many of one as of the other); pauses of
+         * accepting (no descriptor or buffer) */
+        "reserved", reserved, "refused", (unsigned long long)f->n_refused,
+        "loops", (unsigned long long)f->n_loops, "idle_loops", (unsigned long long)f->n_idle,
+        "accept_paused", (unsigned long long)f->n_accept_paused);
+    UNLOCK(f);
+    return d;
+}
+
+static PyMethodDef Front_methods[] = {
+    {"fileno", (PyCFunction)Front_fileno, METH_NOARGS, "the eventfd that says: take()"},
+    {"take", (PyCFunction)Front_take, METH_NOARGS, "events and queued requests"},
+    {"add_plan", (PyCFunction)Front_add_plan, METH_VARARGS, "a request the front may queue"},
+    {"clear_plans", (PyCFunction)Front_clear_plans, METH_NOARGS, "forget every plan"},
+    {"answer_parts", (PyCFunction)Front_answer_parts, METH_VARARGS, "answers of a block"},
+    {"answer_same", (PyCFunction)Front_answer_same, METH_VARARGS, "one answer to many"},
+    {"answer_json", (PyCFunction)Front_answer_json, METH_VARARGS, "JSON answers of a block"},
+    {"skeleton", (PyCFunction)Front_skeleton, METH_VARARGS, "a JSON request's plan key"},
+    {"send", (PyCFunction)Front_send, METH_VARARGS, "Python mode: write"},
+    {"control", (PyCFunction)Front_control, METH_VARARGS, "Python mode: close, shut, pause"},
+    {"release", (PyCFunction)Front_release, METH_VARARGS, "Python mode ends"},
+    {"set", (PyCFunction)Front_set, METH_VARARGS, "fast lane and accepting on or off"},
+    {"stats", (PyCFunction)Front_stats, METH_NOARGS, "counters"},
+    {"addresses", (PyCFunction)Front_addresses, METH_VARARGS, "peer and local address"},
+    {"stop", (PyCFunction)Front_stop, METH_NOARGS, "close everything, end the thread"},
+    {NULL}};
+
+static PyTypeObject FrontType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deployments.http.native._front.Front",
+    .tp_basicsize = sizeof(Front),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Front_init,
+    .tp_dealloc = (destructor)Front_dealloc,
+    .tp_methods = Front_methods,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_front", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__front(void) {
+    if (PyType_Ready(&FrontType) < 0) return NULL;
+    rq_settings_init();
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&FrontType);
+    PyModule_AddObject(m, "Front", (PyObject *)&FrontType);
+    PyModule_AddIntConstant(m, "ADOPT", EV_ADOPT);
+    PyModule_AddIntConstant(m, "DATA", EV_DATA);
+    PyModule_AddIntConstant(m, "EOF", EV_EOF);
+    PyModule_AddIntConstant(m, "LOST", EV_LOST);
+    PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
+    PyModule_AddIntConstant(m, "GONE", EV_GONE);
+    return m;
+}

@@ -1,0 +1,336 @@
+"""A direct connection from a caller to an actor, frames on one TCP stream instead of a
+Ray call each: bundles and cancels from an ingress replica (or a `RaybatchClient`) to a
+batching actor (`batcher.link`), batches from an engine to a replica actor that reads
+ahead (`replicas.link`).
+
+Why: one awaited Ray actor call costs far more CPU, the caller's and the actor's, than a
+frame on a socket (`benchmarks.serve.ray_call`, `benchmarks.serve.transports`), and the
+batching-actor path makes two a batch. What goes on it is what the Ray
+call carried (`BatcherActor.infer`'s or `ModelReplica.run`'s arguments and answer,
+pickled, protocol 5), and the actor runs the very same method; everything else
+(readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked
+(`link_address`, a Ray call, which also hands out a random token): on 127.0.0.1 for a
+caller on its own node, on the node's address for one from another node. The caller
+connects (`deployments.wire.dialer`) and sends the token, then frames
+`[length u32][call id u64][kind u8][payload]`: INFER (the call's arguments) is answered
+by a REPLY (its value) or an ERROR (the exception it raised) with its id; CANCEL
+(caller, keys) has no answer; PING is answered with a PONG at once
+(`deployments.wire.keepalive`). One connection is read in order, so a
+cancel sent after its bundle is seen after it, as with Ray calls. A sync actor (a
+replica) serves on plain threads instead (`deployments.replica.link_server`), answering pings
+however long a batch runs.
+Failure: a connection that ends, or that the caller's heartbeat takes for lost (nothing
+heard for `replicas.link_dead_s` while a call or a ping is open: a host that lost power
+or is cut off sends no FIN), fails each call still open on it with `LinkLost` (the
+caller asks Ray what became of a batching actor, `deployments.ingress.coalesce`, or takes it as
+its replica's death, `deployments.replica.pool`); the actor cancels what a caller that went away
+had open, as when a Ray call is cancelled. Trust: only a caller that got the token from
+Ray (it holds the actor's handle) gets past the first bytes; a wrong token, none within
+`TOKEN_WAIT_S`, a frame past `MAX_FRAME` or one that is not a call ends the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import pickle
+import secrets
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from batching.errors import WorkerDied
+from deployments.wire.keepalive import DEFAULT, Heartbeat, Keepalive, Verdict, tcp_keepalive
+
+log = logging.getLogger(__name__)
+
+HEAD = struct.Struct("<IQB")  # payload length, call id, kind
+INFER, CANCEL, REPLY, ERROR, PING, PONG = 1, 2, 3, 4, 5, 6
+TOKEN_BYTES = 16
+TOKEN_WAIT_S = 5.0  # a connection that has not sent the token by then is closed
+MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past it is garbage
+
+
+class LinkLost(WorkerDied):
+    """The direct connection to an actor ended with this call open."""
+
+
+def _frame(cid: int, kind: int, payload: bytes) -> bytes:
+    return HEAD.pack(len(payload), cid, kind) + payload
+
+
+class _Framing(asyncio.Protocol):
+    """Reads frames off a stream; `frame(cid, kind, payload)` gets each."""
+
+    transport: asyncio.Transport | None = None
+    need_token: bytes | None = None  # the server: these bytes first, or the end
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if self.need_token is not None:
+            if len(buf) < TOKEN_BYTES:
+                return
+            if not hmac.compare_digest(bytes(buf[:TOKEN_BYTES]), self.need_token):
+                log.warning("a direct connection (deployments.wire.link) sent a wrong token; "
+                            "closing it")
+                self.transport.abort()
+                return
+            del buf[:TOKEN_BYTES]
+            self.need_token = None
+        at = 0
+        while len(buf) - at >= HEAD.size:
+            n, cid, kind = HEAD.unpack_from(buf, at)
+            if n > MAX_FRAME:
+                log.warning("a frame of %d bytes on a direct connection; closing it", n)
+                self.transport.abort()
+                return
+            if len(buf) - at - HEAD.size < n:
+                break
+            payload = bytes(buf[at + HEAD.size:at + HEAD.size + n])
+            at += HEAD.size + n
+            self.frame(cid, kind, payload)
+            if self.transport.is_closing():  # that frame ended it: read no further
+                return
+        if at:
+            del buf[:at]
+
+    def frame(self, cid: int, kind: int, payload: bytes) -> None:
+        raise NotImplementedError
+
+
+class _Served(_Framing):
+    """One caller's connection, at the actor."""
+
+    def __init__(self, server: LinkServer) -> None:
+        super().__init__()
+        self.server = server
+        self.need_token = server.token
+        self.open: dict[int, asyncio.Task] = {}
+        self.cancels: set[asyncio.Task] = set()
+        self.no_token: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        tcp_keepalive(transport.get_extra_info("socket"), self.server.keepalive)
+        self.no_token = asyncio.get_running_loop().call_later(TOKEN_WAIT_S, self._silent)
+
+    def _silent(self) -> None:
+        if self.need_token is not None:  # a connection that never says who it is
+            self.transport.abort()
+
+    def frame(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == PING:  # answered here, on the loop, whatever runs: no work in it
+            self.transport.write(_frame(cid, PONG, b""))
+            return
+        try:
+            args = pickle.loads(payload)
+        except Exception:
+            log.exception("an unreadable frame on a direct connection; closing it")
+            self.transport.abort()
+            return
+        if type(args) is not tuple:
+            log.warning("a frame of %s on a direct connection; closing it", type(args).__name__)
+            self.transport.abort()
+            return
+        if kind == INFER:
+            self._start(cid, self.server.infer(*args))
+        elif kind == CANCEL:
+            task = asyncio.get_running_loop().create_task(self.server.cancel(*args))
+            self.cancels.add(task)
+            task.add_done_callback(self.cancels.discard)
+        else:
+            self.transport.abort()
+
+    def _start(self, cid: int, call: Awaitable[Any]) -> None:
+        task = self.open[cid] = asyncio.get_running_loop().create_task(call)
+        task.add_done_callback(lambda t, cid=cid: self._answer(cid, t))
+
+    def _answer(self, cid: int, task: asyncio.Task) -> None:
+        self.open.pop(cid, None)
+        if task.cancelled() or self.transport is None or self.transport.is_closing():
+            return
+        error = task.exception()
+        try:
+            frame = (_frame(cid, REPLY, pickle.dumps(task.result(), protocol=5))
+                     if error is None else _frame(cid, ERROR, pickle.dumps(error, protocol=5)))
+        except Exception as e:  # an answer that does not pickle: the call's error says so
+            frame = _frame(cid, ERROR, pickle.dumps(
+                WorkerDied(f"the answer could not be sent back: {e!r}")))
+        self.transport.write(frame)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.no_token is not None:
+            self.no_token.cancel()
+        self.server.connections.discard(self)
+        for task in self.open.values():  # nobody waits: as a cancelled Ray call
+            task.cancel()
+        self.open.clear()
+
+
+class LinkServer:
+    """The actor's side: runs `infer(bundle, caller, sent)` and `cancel(caller, keys)` for
+    each caller that connects with the token; answers pings; `keepalive`: its TCP
+    keepalive (a caller that vanished ends its connection)."""
+
+    def __init__(self, infer: Callable[..., Awaitable[Any]],
+                 cancel: Callable[..., Awaitable[Any]],
+                 keepalive: Keepalive = DEFAULT) -> None:
+        self.infer, self.cancel = infer, cancel
+        self.keepalive = keepalive
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self.servers: dict[str, asyncio.AbstractServer] = {}
+        self.connections: set[_Served] = set()
+
+    async def address(self, host: str) -> tuple[str, int, bytes]:
+        """Where a caller connects (listening on `host` from the first ask), and the token."""
+        server = self.servers.get(host)
+        if server is None:
+            server = self.servers[host] = await asyncio.get_running_loop().create_server(
+                self._connection, host, 0)
+        return host, server.sockets[0].getsockname()[1], self.token
+
+    def _connection(self) -> _Served:
+        conn = _Served(self)
+        self.connections.add(conn)
+        return conn
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+
+
+class Link(_Framing):
+    """The caller's side: `call` returns a future of the actor's answer; `cancel` sends.
+    With `keepalive`, a heartbeat (`deployments.wire.keepalive`) takes a peer that stopped
+    answering for lost; `on_lost(why)` is told when the connection ends other than by
+    this side's `close` (the peer went away, or stopped answering)."""
+
+    def __init__(self, keepalive: Keepalive | None = None,
+                 on_lost: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.open: dict[int, asyncio.Future] = {}
+        self.next_id = 0
+        self.closed = False
+        self.keepalive, self.on_lost, self._clock = keepalive, on_lost, clock
+        self.heartbeat: Heartbeat | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+
+    @classmethod
+    async def open_to(cls, host: str, port: int, token: bytes,
+                      keepalive: Keepalive | None = None,
+                      on_lost: Callable[[str], None] | None = None) -> Link:
+        _, link = await asyncio.get_running_loop().create_connection(
+            lambda: cls(keepalive, on_lost), host, port)
+        link.transport.write(token)
+        return link
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if self.keepalive is not None:
+            tcp_keepalive(transport.get_extra_info("socket"), self.keepalive)
+            self.heartbeat = Heartbeat(self.keepalive, self._clock())
+            self._tick()
+
+    def data_received(self, data: bytes) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.heard_s = self._clock()
+        super().data_received(data)
+
+    # -- the heartbeat: one timer per connection, never one per call ----------------------
+    def _tick(self) -> None:
+        if not self.closed:
+            self.check(self._clock())
+        self._ticker = None if self.closed else asyncio.get_running_loop().call_later(
+            self.keepalive.ping_s / 2, self._tick)
+
+    def check(self, now: float) -> None:
+        """The heartbeat's decision at `now`: ping, declare the connection lost, or wait."""
+        verdict = self.heartbeat.check(now, bool(self.open),
+                                       self.transport.get_write_buffer_size())
+        if verdict is Verdict.PING:
+            self.transport.write(_frame(0, PING, b""))
+        elif verdict is Verdict.LOST:
+            self.lose(LinkLost(self.heartbeat.why(now)))
+
+    def lose(self, error: LinkLost) -> None:
+        """End the connection from this side because the peer stopped answering: every
+        open call fails with `error`, whatever comes later on it is never read."""
+        if self.closed:
+            return
+        self.closed = True
+        log.warning("a direct connection is lost: %s", error)
+        self._fail_open(error)
+        if self.on_lost is not None:
+            self.on_lost(str(error))
+        self.transport.abort()
+
+    def call(self, *args: Any) -> asyncio.Future:
+        """The future of the served function's answer to `args` (`infer` at a batching
+        actor: bundle, caller, sent; `run` at a replica: the batch's items)."""
+        fut = asyncio.get_running_loop().create_future()
+        if self.closed:
+            fut.set_exception(LinkLost("the connection was closed"))
+            return fut
+        self.next_id += 1
+        self.open[self.next_id] = fut
+        self.transport.write(_frame(self.next_id, INFER, pickle.dumps(args, protocol=5)))
+        return fut
+
+    def cancel(self, caller: str, keys: list[Any], *more: Any) -> None:
+        """`more`: the model, at an actor that runs a group of them."""
+        if not self.closed:
+            self.transport.write(_frame(0, CANCEL, pickle.dumps((caller, keys, *more),
+                                                                protocol=5)))
+
+    def frame(self, cid: int, kind: int, payload: bytes) -> None:
+        if kind == PONG:
+            if self.heartbeat is not None:
+                self.heartbeat.answered(self._clock())
+            return
+        fut = self.open.pop(cid, None)
+        if fut is None or fut.done():
+            return
+        try:
+            value = pickle.loads(payload)
+        except Exception as e:
+            fut.set_exception(LinkLost(f"an unreadable answer: {e!r}"))
+            return
+        if kind == REPLY:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value if isinstance(value, BaseException) else LinkLost(
+                f"the other end answered {value!r}"))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        by_peer, self.closed = not self.closed, True
+        why = LinkLost(f"the connection ended ({exc or 'closed'})")
+        self._fail_open(why)
+        if by_peer and self.on_lost is not None:
+            self.on_lost(str(why))
+
+    def _fail_open(self, error: LinkLost) -> None:
+        for fut in self.open.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self.open.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+

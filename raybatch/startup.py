@@ -1,0 +1,236 @@
+"""How `raybatch up` deploys and stops where the user can see it and interrupt it.
+
+Deploying: Serve is asked to run the app without blocking, and its status is polled,
+with the actors Ray has not placed or started yet (read from the GCS: their class, the
+resources they ask for, whether a process runs them), so the user sees what is pending
+and why: waiting for resources (what is asked, what is free), starting a process, or
+initialising (the model's setup and warm-up run in the replica's constructor). On a TTY
+the view is redrawn in place; otherwise a line is printed when it changes.
+
+Stopping: the first Ctrl-C (SIGINT; SIGTERM and SIGHUP too) asks to stop; the app is
+deleted, its requests in flight finish, and what takes longer than a few seconds is
+named. A local run stops everything after `ingress.stop_timeout_s` whatever is left; a
+second Ctrl-C kills this run's processes (`raybatch.runs`) and exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, NoReturn
+
+from raybatch import runs
+
+POLL_S = 0.5
+MODEL_REPLICAS = ("ModelReplica", "SequenceReplica", "StepReplica")
+NOTE_EVERY_S = 3.0
+
+
+class Stopper:
+    """Ctrl-C once: `requested` is set; twice: the run is killed and the process exits."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.run: runs.Run | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.requested.is_set():
+            self.now()
+        self.requested.set()
+        print("\nstopping (Ctrl-C again to stop at once)", flush=True)
+
+    def now(self) -> NoReturn:
+        """Kill this run's processes (a local Ray, HAProxy) and exit 130 at once."""
+        print("\nstopping at once: ending this run's processes", flush=True)
+        if self.run is not None:
+            runs.kill_now(self.run.run_id)
+            self.run.forget()
+        os._exit(130)
+
+
+def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
+    """Start deploying `app`, show what is pending until it runs; returns "running",
+    "stopped" (Ctrl-C) or the reason it failed (Serve's messages)."""
+    from ray import serve
+    from ray.serve.api import _run  # serve.run without waiting for the app to run
+
+    _run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    view = ProgressView(sys.stdout)
+    started = time.monotonic()
+    while not stopper.requested.wait(POLL_S):
+        state = serve.status().applications.get(name)
+        status = str(getattr(state, "status", "DEPLOYING"))
+        status = status.rsplit(".", 1)[-1]
+        if status == "RUNNING":
+            view.done(f"deployed in {time.monotonic() - started:.1f} s")
+            return "running"
+        if status == "DEPLOY_FAILED":  # as serve.run: an unhealthy replica is replaced
+            view.done("")
+            messages = [state.message, *(d.message for d in state.deployments.values())]
+            return "\n".join(m for m in messages if m) or status
+        view.show(time.monotonic() - started, pending_lines(state))
+    view.done("")
+    return "stopped"
+
+
+def pending_lines(app_state: Any) -> list[str]:
+    """What is not running yet: each deployment not healthy (its replicas by state) and
+    each actor Ray has not finished creating, with why."""
+    lines = []
+    for name, d in (getattr(app_state, "deployments", None) or {}).items():
+        healthy = str(d.status).rsplit(".", 1)[-1] == "HEALTHY"
+        if healthy and set(d.replica_states) <= {"RUNNING"}:
+            continue
+        states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(d.replica_states.items()))
+        lines.append(f"  {name}: {states or 'no replicas yet'}")
+    free = _free_resources()
+    reasons = [f"{actor['label']}: {why_pending(actor, free)}" for actor in pending_actors()]
+    for reason in dict.fromkeys(reasons):  # in order, each once, with its count
+        n = reasons.count(reason)
+        lines.append(f"  {reason}" if n == 1 else f"  {n} x {reason}")
+    return lines
+
+
+def pending_actors(states: tuple[str, ...] = ("PENDING_CREATION", "DEPENDENCIES_UNREADY",
+                                              "RESTARTING"),
+                   prefix: str = "") -> list[dict[str, Any]]:
+    """Actors in one of `states` (by default: not created yet), read from the GCS, with
+    the resources they ask for; only those whose class name starts with `prefix`."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    names = gcs_pb2.ActorTableData.ActorState.Name
+    try:
+        accessor = state.state._connect_and_get_accessor()
+        table = accessor.get_actor_table(None, None)
+    except Exception:  # the view is best effort; deploying goes on without it
+        return []
+    found = []
+    for raw in table:
+        a = gcs_pb2.ActorTableData.FromString(raw)
+        if names(a.state) in states and a.class_name.startswith(prefix):
+            kind, _, rest = a.class_name.partition(":")  # ServeReplica:app:deployment
+            label = f"{rest.rpartition(':')[2]} replica" if kind == "ServeReplica" else kind
+            found.append({"label": label, "pid": a.pid,
+                          "resources": {k: v for k, v in a.required_resources.items()
+                                        if v and k != "memory"}})
+    return found
+
+
+def stopping_lines(app_name: str, app_state: Any) -> list[str]:
+    """What a deleting app still waits for: its deployments' replicas, and the Serve
+    replicas of the app that are still alive (finishing their requests in flight)."""
+    alive = pending_actors(("ALIVE",), prefix=f"ServeReplica:{app_name}:")
+    status = str(getattr(app_state, "status", "")).rsplit(".", 1)[-1]
+    return [f"app {app_name} {status.lower()}".rstrip(), *pending_lines(app_state),
+            *(f"{a['label']} (pid {a['pid']}) finishing its requests in flight"
+              for a in alive)]
+
+
+def why_pending(actor: dict[str, Any], free: dict[str, float]) -> str:
+    asks = actor["resources"]
+    short = {k: v for k, v in asks.items() if free.get(k, 0.0) + 1e-9 < v}
+    if short:
+        return ("waiting for resources: asks " + _fmt(asks) + ", free "
+                + _fmt({k: free.get(k, 0.0) for k in short}))
+    if not actor["pid"]:
+        return "starting a process" + (f" ({_fmt(asks)})" if asks else "")
+    if actor["label"] in MODEL_REPLICAS:  # its constructor builds the model and warms it up
+        return "initialising (model setup, then warm-up)"
+    return "initialising"
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())) or "nothing"
+
+
+def _free_resources() -> dict[str, float]:
+    import ray
+
+    try:
+        return ray.available_resources()
+    except Exception:
+        return {}
+
+
+class ProgressView:
+    """Lines redrawn in place on a TTY; elsewhere, printed again only when they change."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self.drawn, self.last = out, 0, None
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+
+    def show(self, elapsed_s: float, lines: list[str]) -> None:
+        head = f"deploying for {elapsed_s:.0f} s" + (", pending:" if lines else "")
+        if self.tty:
+            self._clear()
+            text = "\n".join([head, *lines])
+            self.out.write(text + "\n")
+            self.drawn = len(lines) + 1
+        elif lines != self.last:
+            self.out.write("\n".join([head, *lines]) + "\n")
+        self.last = lines
+        self.out.flush()
+
+    def done(self, message: str) -> None:
+        if self.tty:
+            self._clear()
+        if message:
+            self.out.write(message + "\n")
+        self.out.flush()
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self.out.write(f"\x1b[{self.drawn}F\x1b[J")
+            self.drawn = 0
+
+
+def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
+         deployed: bool = True) -> int:
+    """Delete the app (its requests in flight finish first), then, for a local run, Serve
+    and Ray. Names what it waits for past NOTE_EVERY_S; a local run gives up at
+    `timeout_s` and kills what is left. Returns the exit status."""
+    import ray
+    from ray import serve
+
+    if not deployed:  # Ray only: nothing of the app to delete
+        if local:
+            ray.shutdown()
+            _end_leftovers(stopper)
+        return 0
+    print("stopping: deleting the app; requests in flight finish first"
+          + (f" (up to {timeout_s:g} s)" if local else ""), flush=True)
+    started = time.monotonic()
+    serve.delete(app_name, _blocking=False)
+    note_at = started + NOTE_EVERY_S
+    while (state := serve.status().applications.get(app_name)) is not None:
+        now = time.monotonic()
+        if local and now - started > timeout_s:
+            print(f"gave up after {timeout_s:g} s (ingress.stop_timeout_s): ending this "
+                  "run's processes; requests still in flight fail", flush=True)
+            stopper.now()
+        if now >= note_at:
+            waiting = "; ".join(line.strip() for line in stopping_lines(app_name, state))
+            print(f"still stopping after {now - started:.0f} s, waiting for: {waiting} "
+                  "(Ctrl-C again to stop at once)", flush=True)
+            note_at = now + NOTE_EVERY_S
+        time.sleep(0.1)
+    if local:
+        serve.shutdown()
+        ray.shutdown()
+        _end_leftovers(stopper)
+    return 0
+
+
+def _end_leftovers(stopper: Stopper) -> None:
+    """End whatever Ray left of this run (its agents, HAProxy) and forget the run."""
+    if stopper.run is not None:
+        runs.end_run(stopper.run.run_id, grace_s=1.0)
+        stopper.run.forget()

@@ -1,0 +1,42 @@
+"""A run's processes are found by the id in their environment and ended, including one
+started between the scan and the kill (a second Ctrl-C while Serve deployed left its
+HAProxy behind, with no record left to find it by). Real processes, this user's only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+from raybatch import runs
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _start(run_id: str) -> subprocess.Popen:
+    return subprocess.Popen(SLEEPER, env={**os.environ, runs.RUN_ENV: run_id})
+
+
+def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkeypatch):
+    run_id = uuid.uuid4().hex
+    first, other = _start(run_id), _start(uuid.uuid4().hex)
+    late: list[subprocess.Popen] = []
+    scan = runs.processes_of
+
+    def scan_then_spawn(rid: str) -> list:
+        found = scan(rid)
+        if not late:  # started after this scan, before the kill
+            late.append(_start(run_id))
+        return found
+
+    monkeypatch.setattr(runs, "processes_of", scan_then_spawn)
+    try:
+        runs.kill_now(run_id)
+        assert first.wait(timeout=5) == -9
+        assert late[0].wait(timeout=5) == -9
+        assert other.poll() is None  # another run's process is left alone
+    finally:
+        for p in (first, other, *late):
+            p.kill()
+            p.wait()
