@@ -236,31 +236,36 @@ def model_input_and_answer() -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- the systems ------------------------------------------------------------------------------
-def raybatch_config(tmp: Path, inproc: bool = False) -> Path:
-    """The demo config with only its mlp, at one replica (one model instance); `inproc`:
+def raybatch_config(tmp: Path, inproc: bool = False, repo: Path = REPO) -> Path:
+    """`repo`'s demo config with only its mlp, at one replica (one model instance); `inproc`:
     with the in-process shortcut (engine and replica in the ingress), nothing else changed."""
-    cfg = yaml.safe_load((REPO / "deployments/configs/demo.yaml").read_text())
+    cfg = yaml.safe_load((repo / "deployments/configs/demo.yaml").read_text())
     mlp = next(m for m in cfg["models"] if m["name"] == "mlp")
     mlp["replicas"] = {**mlp["replicas"], "min_replicas": 1, "max_replicas": 1}
     if inproc:
         mlp["replicas"]["in_process"] = True
         mlp["batcher"] = {"placement": "ingress"}
     cfg["models"] = [mlp]
-    path = tmp / ("raybatch-mlp-inproc.yaml" if inproc else "raybatch-mlp.yaml")
+    tag = "" if repo == REPO else "-" + repo.name
+    path = tmp / (f"raybatch-mlp{tag}-inproc.yaml" if inproc else f"raybatch-mlp{tag}.yaml")
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
 def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
-                   inproc: bool = False) -> Server:
+                   inproc: bool = False, repo: Path = REPO, name: str | None = None) -> Server:
+    """`raybatch up` of the checkout `repo` (another one: an earlier version, its
+    extensions built in place, run from its own folder and Python path)."""
     native = port + 1
-    argv = [sys.executable, "-c", "from raybatch import main; main()", "up",
-            "--config", str(raybatch_config(tmp, inproc)), "--host", "127.0.0.1",
+    # the command line's package: raybatch/, or cluster/cli/ in versions before it moved
+    cli = "raybatch" if (repo / "raybatch" / "__init__.py").exists() else "cluster.cli"
+    argv = [sys.executable, "-c", f"from {cli} import main; main()", "up",
+            "--config", str(raybatch_config(tmp, inproc, repo)), "--host", "127.0.0.1",
             "--port", str(port), "--native-port", str(native)]
-    name = "raybatch.inproc" if inproc else "raybatch"
+    name = name or ("raybatch.inproc" if inproc else "raybatch")
     log = tmp / f"{name}.log"
     base = f"http://127.0.0.1:{native}"
-    proc = spawn(argv, log, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    proc = spawn(argv, log, env={"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}, cwd=repo)
     title = ("Raybatch, in-process shortcut (native front; engine and replica in the ingress)"
              if inproc else
              "Raybatch (demo settings: native front; a batching actor and a replica actor)")
