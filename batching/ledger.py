@@ -111,6 +111,19 @@ class Ledger:
                 ended.append(part.request_id)
         return self._release(ended)
 
+    def shrink(self, request_id: RequestId, num_items: int) -> list[Outcome]:
+        """Request `request_id` now carries `num_items` items (some not yet dispatched were
+        withdrawn: `batching.dynamic.withdraw`); it ends once those are back, now if they
+        are (its value: the parts back, in item order)."""
+        rec = self._open.get(request_id)
+        if rec is None or rec.outcome is not None or num_items < 1:
+            return []
+        rec.num_items = num_items
+        if rec.received < num_items:
+            return []
+        rec.outcome = Outcome(request_id, value=_join(rec))
+        return self._release([request_id])
+
     def fail(self, request_id: RequestId, error: BaseException) -> list[Outcome]:
         """End one request with `error` (no-op if it already ended)."""
         rec = self._open.get(request_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 RequestId = int | str
 
@@ -83,6 +83,16 @@ class Batch:
     def ids(self) -> list[RequestId]:
         """Request ids in batch order, each once (a request appears once per batch)."""
         return [p.request_id for p in self.parts]
+
+
+class Rows(NamedTuple):
+    """The value of a request some of whose items were withdrawn before they ran
+    (`batching.dynamic.withdraw`): `value` holds the results of the items `rows` (indices
+    into the request as submitted, ascending) and of no other. A tuple: it pickles as one,
+    across a Ray call or a direct connection."""
+
+    value: Any
+    rows: Any  # np.ndarray of int64
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,11 @@ A request meets them in this order (a wing is a folder; `⇢` is a hop between p
         client.py      RaybatchClient: a Python caller straight to the batching actors
         drain.py       finishing what was accepted on delete and redeploy (ingress side)
       ⇢ wire/      what crosses a hop, in both directions
-        bundles.py     the record of a request (Entry) and a bundle of them, stacked
+        bundles.py     the record of a request (Entry: its one deadline, read on arrival)
+                       and a bundle of them, stacked
         link.py        a direct TCP connection to an actor (the caller's end, framing)
         dialer.py      when a caller has a direct connection and when a Ray call goes
         keepalive.py   when a connection's other end is taken for lost
-        transit.py     time spent on the way, taken from a request's timeout
         generation.py  generation streams between the ingress and its batching actor
     batcher/   the batching actor (or the engine placed in the ingress)
         actor.py       BatcherActor: one per model (or group), hosts the engine

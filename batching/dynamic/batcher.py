@@ -34,12 +34,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from batching.dynamic.admission import Admission
 from batching.dynamic.grouping import by_length
 from batching.dynamic.policy import DynamicPolicy, TimeoutAction
 from batching.dynamic.queues import Entry, LevelQueue, cumulative_costs
+from batching.dynamic.withdraw import Cut, withdraw
 from batching.errors import QUEUE_FULL, DeadlineExceeded, InvalidRequest, QueueFull
 from batching.latency import LatencyModel
 from batching.metrics import LevelDepth
@@ -172,10 +173,23 @@ class DynamicBatcher:
     def cancel(self, request_id: RequestId, now: float) -> bool:
         """Withdraw what of a request is still queued; True if anything was withdrawn."""
         entry = self._queued.get(request_id)
-        if entry is None:
-            return False
-        self._remove(entry)
-        return True
+        if entry is not None:
+            self._remove(entry)
+        return entry is not None
+
+    def cancel_rows(self, request_id: RequestId, rows: Sequence[int], now: float) -> Cut | None:
+        """Withdraw the items `rows` (indices into the request as queued now) not yet in a
+        batch (`batching.dynamic.withdraw`); None if none was (or it is not queued)."""
+        entry = self._queued.get(request_id)
+        cut = None if entry is None else withdraw(entry, self._levels[entry.level - 1], rows,
+                                                  self._length_fn)
+        if cut is None:
+            return None
+        self._items -= cut.items
+        self._cost -= cut.cost
+        if entry.removed:  # none of it waits now
+            del self._queued[request_id]
+        return cut
 
     def complete(self, batch_id: int, now: float, compute_s: float | None = None,
                  *, failed: bool = False) -> Batch:

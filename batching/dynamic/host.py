@@ -17,9 +17,11 @@ dies too); the batch of a replica that hung (`ReplicaHung`, past its time limit)
 not retried: its requests fail with the client's error. A request ends exactly once:
 the ledger drops late parts (the answer of a replica given up on, should it come).
 Every submit of one event-loop tick is batched together (the pump runs once per
-tick), which costs no added wait. Metrics: the `recorder` it is handed gets one value
-per batch sent and per batch back (`batching.metrics`); outcomes are counted per
-request in a dict and sampled with `snapshot()`.
+tick), which costs no added wait. `cancel_rows` withdraws some items of a request from
+what is still queued (`batching.dynamic.withdraw`); its answer then says which it
+carries. Metrics: the `recorder` it is handed gets one value per batch sent and per batch
+back (`batching.metrics`); outcomes are counted per request in a dict and sampled with
+`snapshot()`.
 
 Deadlines bound every wait: a batch out on a replica (or parked, waiting for one to
 run it again) waits for its answer until its requests' latest deadline plus
@@ -43,6 +45,7 @@ import numpy as np
 
 from batching.dynamic.batcher import DynamicBatcher
 from batching.dynamic.policy import DynamicPolicy
+from batching.dynamic.withdraw import RowsWithdrawal
 from batching.errors import Cancelled, InvalidRequest, NoAnswerInTime, ServiceClosed, WorkerDied
 from batching.ledger import Ledger, Outcome
 from batching.loop import (
@@ -62,7 +65,7 @@ from batching.metrics import (
     outcome_of,
 )
 from batching.tensors import TensorBatch, join_items
-from batching.types import Batch, Request, RequestId
+from batching.types import Batch, Request, RequestId, Rows
 
 log = logging.getLogger(__name__)
 # After a batch's latest deadline, how long its answer may still come before its requests
@@ -81,7 +84,7 @@ class ReplicaClient(Protocol):
 
 
 
-class BatchHost(LoopHost[DynamicBatcher]):
+class BatchHost(RowsWithdrawal, LoopHost[DynamicBatcher]):
     def __init__(self, policy: DynamicPolicy, *, max_inflight: int = 2,
                  clock: Callable[[], float] = time.monotonic,
                  on_replica_died: Callable[[ReplicaClient], None] | None = None,
@@ -101,6 +104,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         self.replica_deaths = 0
         self.retried_batches = 0
         self._parked: list[Dispatched] = []  # batches of a dead replica, waiting for a live one
+        self._held = {}  # requests with rows withdrawn (`cancel_rows`)
         self._answer_by: list[tuple[float, int]] = []  # heap: (deadline + grace, batch id)
 
     # -- replicas -------------------------------------------------------------------------
@@ -411,6 +415,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
         now, stats = self._clock(), self.engine.stats
         for o in outcomes:
             rec = open_.pop(o.request_id, None)
+            held = self._held.pop(o.request_id, None) if self._held else None
             if rec is None:
                 continue
             n = rec.request.requests
@@ -422,7 +427,7 @@ class BatchHost(LoopHost[DynamicBatcher]):
             if rec.future.done():
                 continue
             if o.error is None:
-                rec.future.set_result(o.value)
+                rec.future.set_result(o.value if held is None else Rows(o.value, held.rows))
             else:
                 rec.future.set_exception(o.error)
         if not open_:

@@ -26,7 +26,9 @@ Request ids are the actor's own integers, mapped back to the caller's keys,
 so ingress replicas never collide. A caller that gives up sends the keys of
 its requests to `cancel` (one call per tick, see `deployments.ingress.coalesce`): a
 request still queued never runs, and its batch-mates are unaffected (the host
-took their inputs when it formed the batch).
+took their inputs when it formed the batch). For a block some of whose clients hung up it
+sends the rows of theirs instead (`deployments.wire.withdraw.Withdraw`): those still
+queued never run, and the block's answer says which rows it carries.
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ from deployments.heap import freeze_startup_heap
 from deployments.metrics import BatcherMetrics, every
 from deployments.replica.pool import ReplicaPool
 from deployments.wire.bundles import (
+    Arrival,
     Entry,
     Stacked,
     StackedOutcomes,
+    Stamp,
     entries,
     entry_requests,
     outcome,
@@ -65,11 +69,11 @@ from deployments.wire.dialer import listen_host
 from deployments.wire.generation import StreamHub
 from deployments.wire.keepalive import Keepalive
 from deployments.wire.link import LinkServer
-from deployments.wire.transit import Stamp, in_transit_s, less_transit
+from deployments.wire.withdraw import Withdraw
 
 log = logging.getLogger(__name__)
 
-# (caller key, items with a leading batch dimension, priority, timeout_s[, control]);
+# (caller key, items with a leading batch dimension, priority, deadline[, control]);
 # control = (sequence_id, start, end) for a sequence model.
 # (caller key, value, error)
 Outcome = tuple[Any, Any, "BaseException | None"]
@@ -134,11 +138,11 @@ class ModelEngine:
         by_key = self._by_key
         if draining is not None:
             return [(entry.key, None, Draining(draining)) for entry in entries(bundle)]
-        transit_s = in_transit_s(sent)
+        arrival = Arrival(sent)  # each deadline on this node's clock, once
         for entry in entries(bundle):
             rid = next(self._ids)
             try:
-                entry = less_transit(entry, transit_s)
+                entry = arrival.entry(entry)
                 opened[submit_entry(host, self.kind, self.config.name, rid, entry)] = entry.key, rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
                 out.append((entry.key, None, e))
@@ -168,12 +172,27 @@ class ModelEngine:
             return 0
         found = 0
         for key in keys:
+            if type(key) is Withdraw:  # rows of a block, not the whole request
+                self._withdraw(caller, key)
+                continue
             rid = self._by_key.pop((caller, key), None)
             if rid is not None:
                 found += 1
                 self.host.cancel(rid, "cancelled: its caller gave up")
         self.cancelled_by_caller += found
         return found
+
+    def _withdraw(self, caller: str, message: Withdraw) -> None:
+        """Withdraw the rows of `caller`'s open request that the engine still holds queued
+        (`deployments.wire.withdraw`); rows that are not the request's are logged, and
+        change nothing."""
+        try:
+            rid = self._by_key.get((caller, message.key))
+            cancel_rows = getattr(self.host, "cancel_rows", None)  # a dynamic host's
+            if rid is not None and cancel_rows is not None:
+                cancel_rows(rid, message.rows, "cancelled: its client went away")
+        except (RaybatchError, TypeError) as e:  # TypeError: a key that is no dict key
+            log.warning("a withdrawal of rows from %s was refused: %s", caller, e)
 
     async def drain(self, grace_s: float) -> dict[str, Any]:
         if self.host is None:
@@ -261,9 +280,9 @@ class BatcherActor:
         Callers send bundles of about one batch, so waiting for all costs little,
         and one plain call is cheaper than a stream.
         `caller` names the sender's keys for `cancel`; None: they cannot be cancelled.
-        `sent`: where and when the bundle left (`deployments.wire.transit`); the time since
-        is taken from each request's timeout. `model`: whose engine, in an actor that
-        runs a group (None: its first model's).
+        `sent`: the sender's stamp (`deployments.wire.bundles.stamp`), by which each
+        entry's deadline is read on this node's clock (`Arrival`). `model`: whose engine,
+        in an actor that runs a group (None: its first model's).
         A `Stacked` bundle is answered stacked where it can be (`deployments.wire.bundles`).
         """
         return await self._engine(model).infer(bundle, caller, sent, self.draining)
@@ -278,8 +297,9 @@ class BatcherActor:
 
     async def cancel(self, caller: str, keys: list[Any], model: str | None = None) -> int:
         """Cancel `caller`'s requests `keys` (it gave up on them): what is still queued
-        never runs; each ends with Cancelled. Keys already ended are ignored. Returns how
-        many were open."""
+        never runs; each ends with Cancelled. Keys already ended are ignored. A
+        `deployments.wire.withdraw.Withdraw` in place of a key withdraws rows of a block
+        instead (not counted). Returns how many were open."""
         return self._engine(model).cancel(caller, keys)
 
     # -- generative models: multiplexed streams (see deployments.wire.generation) -----------

@@ -4,9 +4,10 @@ Whatever requests arrive during one event-loop tick go to the batching actor
 in bundles of at most `bundle_items` items (one batch's worth; as one stacked array
 where it can, `deployments.wire.bundles`), one plain Ray call each (no timer, no added
 wait: the flush is scheduled with `call_soon` when the first request of a tick
-arrives). Each bundle carries when it left (`deployments.wire.transit`): the time it takes to reach
-the actor counts against its requests' timeouts. A bundle's answer resolves each
-request's future by its key; a bundle whose call fails (the batching actor
+arrives). Each request carries its deadline, an instant of this node's clock set by the
+route, and each bundle its sender's stamp (`deployments.wire.bundles.stamp`), so the time
+it takes to reach the actor counts against its requests' deadlines. A bundle's answer
+resolves each request's future by its key; a bundle whose call fails (the batching actor
 died) fails its requests with `WorkerDied`: nothing accepted is silently dropped.
 Bundles of one batch keep the pipeline full: the first batch's answers do not
 wait for the next batch's.
@@ -15,7 +16,9 @@ A caller that gives up (its task is cancelled: a `RaybatchClient` caller, or
 Serve cancelling the ingress handler of an HTTP client that went away) cancels
 its future. A request not yet sent is simply left out of its bundle; one already
 sent is cancelled at the batching actor, where it never runs if it is still
-queued. The cancels of one tick go in one call per actor, like the bundles.
+queued. The cancels of one tick go in one call per actor, like the bundles. A block of
+the native front's some of whose clients hung up has their rows withdrawn instead
+(`withdraw`: a `deployments.wire.withdraw.Withdraw` among the tick's cancels).
 Invariants: a bundle's Ray call is submitted in the same tick as its flush
 (not inside a task), so a cancel that follows it is submitted after it and the
 actor sees the request before its cancel. Flushes run in a fresh `contextvars`
@@ -36,10 +39,11 @@ connection has a heartbeat (`deployments.wire.keepalive`): one that stops answer
 that closed, and asking Ray about the actor then is bounded (`ASK_RAY_S`).
 
 Every request with a deadline is answered by it, whatever the actor, its connection or
-Ray do: `hard_timeout(priority, timeout_s)` (the engine's own rule, from the route) says
-when it ends, and `LATE_ANSWER_S` after that (the actor fails it at its deadline itself,
-so its own answer normally comes first) one sweep timer fails it with `NoAnswerInTime`
-(504) and cancels it at the actor. A heap of (deadline, key), not a timer per request.
+Ray do: `hard_timeout(priority, timeout_s)` (the engine's own rule, from the route, on
+the time left until its deadline) says when it ends, and `LATE_ANSWER_S` after that (the
+actor fails it at its deadline itself, so its own answer normally comes first) one sweep
+timer fails it with `NoAnswerInTime` (504) and cancels it at the actor. A heap of
+(deadline, key), not a timer per request.
 """
 
 from __future__ import annotations
@@ -56,11 +60,11 @@ from typing import Any
 
 from batching.errors import NoAnswerInTime, WorkerDied
 from batching.loop import detached
-from deployments.wire.bundles import Entry, outcomes, pack
+from deployments.wire.bundles import Entry, outcomes, pack, stamp
 from deployments.wire.dialer import Dialer
 from deployments.wire.keepalive import DEFAULT, Keepalive
 from deployments.wire.link import Link, LinkLost
-from deployments.wire.transit import stamp
+from deployments.wire.withdraw import Withdraw, key_of
 
 log = logging.getLogger(__name__)
 # How Ray 2.60 words an actor ended on purpose (`ray.kill`), as Serve ends a stopped
@@ -102,7 +106,8 @@ class Coalescer:
         self._keys = itertools.count()
         self._pending: list[Entry] = []
         self._futures: dict[int, asyncio.Future] = {}
-        self._to_cancel: list[int] = []
+        self._to_cancel: list[Any] = []  # keys, and `Withdraw`s of a block's rows
+        self._blocks: dict[asyncio.Future, int] = {}  # open blocks' futures -> their keys
         self.bundles_sent = 0
         self.cancels_sent = 0
         # the direct connection to the actor (batcher.link), once open
@@ -121,9 +126,10 @@ class Coalescer:
         """Requests sent or about to be sent that have no outcome yet."""
         return len(self._futures)
 
-    def submit(self, items: Any, priority: int | None, timeout_s: float | None,
+    def submit(self, items: Any, priority: int | None, deadline: float | None,
                control: Any = None, requests: int = 1) -> asyncio.Future:
-        """`control`: a sequence model's (sequence_id, start, end); None for stateless ones.
+        """`deadline`: the `clock()` instant by which the request ends (None: none).
+        `control`: a sequence model's (sequence_id, start, end); None for stateless ones.
         `requests`: the clients' requests it stands for (a block), as the engine counts.
         Cancelling the returned future cancels the request."""
         loop = asyncio.get_running_loop()
@@ -131,12 +137,16 @@ class Coalescer:
         fut = loop.create_future()
         self._futures[key] = fut
         fut.add_done_callback(lambda f, key=key: f.cancelled() and self._cancelled(key))
-        self._pending.append(Entry(key, items, priority, timeout_s, control, requests))
+        if requests > 1:  # a block: rows of its clients may be withdrawn (`withdraw`)
+            self._blocks[fut] = key
+            fut.add_done_callback(self._blocks.pop)
+        self._pending.append(Entry(key, items, priority, deadline, control, requests))
         if len(self._pending) == 1:
             loop.call_soon(self._flush, context=detached())
-        hard_s = self._hard(priority, timeout_s)
+        now = self._clock()
+        hard_s = self._hard(priority, None if deadline is None else deadline - now)
         if hard_s:
-            self._answer_by_deadline(key, self._clock() + hard_s + LATE_ANSWER_S)
+            self._answer_by_deadline(key, now + hard_s + LATE_ANSWER_S)
         return fut
 
     # -- deadlines: every request answered by its own ---------------------------------------
@@ -287,6 +297,23 @@ class Coalescer:
         if len(self._to_cancel) == 1:
             asyncio.get_running_loop().call_soon(self._flush_cancels, context=detached())
 
+    def withdraw(self, fut: asyncio.Future, rows: Any) -> bool:
+        """Withdraw the rows `rows` (indices into its items) of the block whose future is
+        `fut` at the actor, those it still holds queued (`deployments.wire.withdraw`); its
+        answer then says which rows it carries (`batching.types.Rows`). False if `fut` is
+        no open block of this coalescer."""
+        key = self._blocks.get(fut)
+        if key is None or fut.done():
+            return False
+        message = Withdraw(key, tuple(int(r) for r in rows))
+        # after the flush that sends the block (due since its submit: see `_cancelled`)
+        asyncio.get_running_loop().call_soon(self._withdraw_sent, message, context=detached())
+        return True
+
+    def _withdraw_sent(self, message: Withdraw) -> None:
+        if message.key in self._futures:  # still open (and so sent)
+            self._cancel_sent(message)
+
     def _flush_cancels(self) -> None:
         keys, self._to_cancel = self._to_cancel, []
         if self._actor is None:
@@ -294,9 +321,10 @@ class Coalescer:
         self.cancels_sent += 1
         link = self._dialer.live() if self._dialer is not None else None
         if link is not None:  # each goes the way its request went
-            by_ray = [k for k in keys if k in self._ray_keys] if self._ray_keys else []
+            ray_keys = self._ray_keys
+            by_ray = [k for k in keys if key_of(k) in ray_keys] if ray_keys else []
             if len(by_ray) < len(keys):
-                link.cancel(self.caller, [k for k in keys if k not in self._ray_keys]
+                link.cancel(self.caller, [k for k in keys if key_of(k) not in ray_keys]
                             if by_ray else keys, *self._model)
             if not by_ray:
                 return

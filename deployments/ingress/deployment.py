@@ -40,8 +40,7 @@ from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_ext
 from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.stats import model_counters_json
 from deployments.protocol.wording import unknown_model, unknown_version
-from deployments.wire.bundles import Entry
-from deployments.wire.transit import Stamp
+from deployments.wire.bundles import Entry, Stamp
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
 
@@ -155,6 +154,11 @@ class ServeBackend:
         return route.submit(route.decoded_array(request.inputs, request.batch_size),
                             request.priority, request.timeout_s, _sequence(request),
                             received_s, requests), route.outputs
+
+    def withdraw_infer(self, model: ModelEntry, future: asyncio.Future, rows: Any) -> bool:
+        """Withdraw rows of a block `submit_infer` submitted, what of them is still queued
+        (its clients hung up: `deployments.http.native.departures`)."""
+        return self.by_name[model.name].route.withdraw(future, rows)
 
     def gather_s(self, model: ModelEntry) -> float:
         """How long the native front's requests of `model` may wait to fill a block while
@@ -290,8 +294,8 @@ class Ingress(GrpcIngress):
         """A `RaybatchClient` bundle for a model whose engine runs in the ingress
         (`batcher.placement: ingress`): `deployments.wire.bundles.Entry`s
         (or `deployments.wire.bundles.Stacked`), answered `(key, value, error)` (or
-        `StackedOutcomes`) as a batching actor answers them; `sent`: where and when it
-        left (`deployments.wire.transit`)."""
+        `StackedOutcomes`) as a batching actor answers them; `sent`: its sender's stamp
+        (`deployments.wire.bundles.stamp`), by which each deadline is read here."""
         return await self.backend.get(model).backend.infer_entries(bundle, sent)
 
     async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:

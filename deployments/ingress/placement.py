@@ -16,7 +16,7 @@ the only Ray call per step is the step itself); a stateful model's sequences liv
 in this replica's engine, which is why the config allows that only with one
 ingress replica (`RaybatchConfig._sequences_in_one_ingress`).
 
-Both give `ModelRoute` the same seam, `submit(items, priority, timeout_s, control)
+Both give `ModelRoute` the same seam, `submit(items, priority, deadline, control)
 -> future` and `outstanding`, so the route does not know where the engine runs.
 A `RaybatchClient` of an ingress-placed model cannot reach the engine directly:
 it sends its bundles through the app's handle (`Ingress.infer_entries`), one
@@ -44,9 +44,11 @@ from deployments.ingress.route import ModelRoute
 from deployments.metrics import BatcherMetrics, CallerMetrics, every
 from deployments.protocol.stats import merge_stats
 from deployments.wire.bundles import (
+    Arrival,
     Entry,
     Stacked,
     StackedOutcomes,
+    Stamp,
     entries,
     entry_requests,
     outcome,
@@ -54,9 +56,8 @@ from deployments.wire.bundles import (
     submit_entry,
 )
 from deployments.wire.generation import event_json, generate_request
-from deployments.wire.transit import Stamp, in_transit_s, less_transit
 
-# (caller key, items, priority, timeout_s[, control]) -> (caller key, value, error)
+# (caller key, items, priority, deadline[, control]) -> (caller key, value, error)
 Outcome = tuple[Any, Any, "BaseException | None"]
 
 
@@ -112,6 +113,7 @@ class LocalEngine:
         self._publisher: asyncio.Future | None = None
         self._make_pool = make_pool
         self._ids = itertools.count()
+        self._blocks: dict[asyncio.Future, int] = {}  # open blocks' futures -> their ids
         self.host: Any = None
         self.pool: Any = None
         self._started: asyncio.Future | None = None
@@ -152,23 +154,38 @@ class LocalEngine:
         if self.metrics is not None:
             self.metrics.refused((outcome_of(error),) * requests)
 
-    def submit(self, items: Any, priority: int | None, timeout_s: float | None,
+    def submit(self, items: Any, priority: int | None, deadline: float | None,
                control: Any = None, requests: int = 1) -> asyncio.Future:
-        """The future of one request's outcome (`control`: a sequence model's
-        (sequence_id, start, end); `requests`: the clients' requests it stands for, as
-        counted); raises its error (QueueFull, UnknownSequence...) at once."""
+        """The future of one request's outcome (`deadline`: time.monotonic() by which it
+        ends, None: none; `control`: a sequence model's (sequence_id, start, end);
+        `requests`: the clients' requests it stands for, as counted); raises its error
+        (QueueFull, UnknownSequence, Overloaded...) at once."""
         if control is not None and self.kind == "dynamic":
             raise InvalidRequest(f"model {self.config.name!r} runs dynamic batching: "
                                  "sequence controls do not apply")
         rid = next(self._ids)
         try:
             fut = submit_entry(self.host, self.kind, self.config.name, rid,
-                               Entry(rid, items, priority, timeout_s, control, requests))
+                               Entry(rid, items, priority, deadline, control, requests))
         except RaybatchError as e:
             self._refused(e, requests)
             raise
         fut.add_done_callback(lambda f: f.cancelled() and self.host.cancel(rid))
+        if requests > 1:  # a block: rows of its clients may be withdrawn (`withdraw`)
+            self._blocks[fut] = rid
+            fut.add_done_callback(self._blocks.pop)
         return fut
+
+    def withdraw(self, fut: asyncio.Future, rows: Any) -> bool:
+        """Withdraw the rows `rows` (indices into its items) of the block whose future is
+        `fut`, those the engine still holds queued (`batching.dynamic.withdraw`); its
+        answer then says which rows it carries (`batching.types.Rows`). False if `fut` is
+        no open block of this engine."""
+        rid = self._blocks.get(fut)
+        if rid is None or fut.done():
+            return False
+        self.host.cancel_rows(rid, rows, "cancelled: its client went away")
+        return True
 
     async def stream(self, prompt: Any, params: dict[str, Any]) -> AsyncIterator[dict]:
         """A generation's events as the protocol's JSON (`GenerateMux.stream`'s contract);
@@ -198,16 +215,17 @@ class LocalEngine:
                     ) -> list[Outcome] | StackedOutcomes:
         """A bundle of `Entry`s (or `Stacked`): every
         outcome, as a batching actor answers it (what `RaybatchClient` sends through the
-        handle); `sent`: where and when it left, counted against each timeout."""
+        handle); `sent`: its sender's stamp, by which each deadline is read on this
+        node's clock (`deployments.wire.bundles.Arrival`)."""
         await self.start()
         keys: dict[asyncio.Future, Any] = {}
         out: list[Outcome] = []
-        transit_s = in_transit_s(sent)
+        arrival = Arrival(sent)
         for entry in entries(bundle):
             key = entry.key
             try:
-                e = less_transit(entry, transit_s)
-                keys[self.submit(e.items, e.priority, e.timeout_s, e.control,
+                e = arrival.entry(entry)
+                keys[self.submit(e.items, e.priority, e.deadline, e.control,
                                  entry_requests(e))] = key
             except RaybatchError as e:
                 out.append((key, None, e))

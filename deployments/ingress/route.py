@@ -1,8 +1,10 @@
 """`ModelRoute`: one model's way in, the same in the ingress and in a caller's process.
 
 It checks a request's tensors against the model's declared inputs (a clear
-`InvalidRequest` otherwise; `deployments.signature`), applies the default
-deadline, hands the request to the shard with the least outstanding work through
+`InvalidRequest` otherwise; `deployments.signature`), sets the request's one deadline
+(its timeout, or the default one, from when it was received: an instant of this node's
+monotonic clock that travels with it, `deployments.wire.bundles`), hands the request to
+the shard with the least outstanding work through
 that shard's `Coalescer` (or to the engine itself when it runs in this process:
 `deployments.ingress.placement`), and shapes the result into the model's declared outputs
 (a multi-tensor model's request carries a `TensorBatch` of every input and gets
@@ -47,12 +49,14 @@ class ModelRoute:
                  default_timeout_s: float | None = None,
                  metrics: CallerMetrics | None = None,
                  shards: list[Any] | None = None,
-                 generators: list[Any] | None = None) -> None:
+                 generators: list[Any] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`get_actors`: each batching actor's getter (one `Coalescer` each, and one
         `GenerateMux` each for a generative model); or `shards`: ready-made submit
         targets with the `Coalescer`'s interface (`submit`, `outstanding`), such as the
         engine running in this process (`LocalEngine`), and `generators`: ready-made
-        stream sources with the `GenerateMux`'s (`stream`, `outstanding`)."""
+        stream sources with the `GenerateMux`'s (`stream`, `outstanding`). `clock`: the
+        node's monotonic clock, which deadlines are instants of."""
         self.signature = Signature(config)
         self.config = config
         self.kind = config.batching.kind
@@ -71,6 +75,7 @@ class ModelRoute:
             [GenerateMux(get) for get in get_actors] if iterative else [])
         self.default_timeout_s = default_timeout_s
         self.max_request_items = config.max_request_items
+        self._clock = clock
 
     def _invalid(self, message: str) -> InvalidRequest:
         """The error of a request this route refuses itself, counted as `invalid` (those
@@ -133,17 +138,23 @@ class ModelRoute:
         default = self.default_timeout_s
         if default is not None:
             timeout_s = min(timeout_s, default) if timeout_s else default
-        if timeout_s and received_s is not None:
-            timeout_s = self._time_left(timeout_s, received_s, requests)
+        deadline = self._deadline(timeout_s, received_s, requests) if timeout_s else None
         if self.kind == "sequence":
             control = self._control(array, sequence)
             shard = self.shards[shard_of(control[0], len(self.shards))]
-            return shard.submit(array, priority, timeout_s, control)
+            return shard.submit(array, priority, deadline, control)
         if self.kind == "iterative":
             raise self._invalid(generative_only(self.config.name))
         shards = self.shards
         shard = shards[0] if len(shards) == 1 else min(shards, key=lambda c: c.outstanding)
-        return shard.submit(array, priority, timeout_s, None, requests)
+        return shard.submit(array, priority, deadline, None, requests)
+
+    def withdraw(self, future: asyncio.Future, rows: Any) -> bool:
+        """Withdraw the rows `rows` of a block `submit` returned `future` for, what of them
+        its shard still holds queued (the native front's clients that hung up); False if
+        no shard has it open (its answer came, or it is no block)."""
+        return any(shard.withdraw(future, rows) for shard in self.shards
+                   if hasattr(shard, "withdraw"))
 
     def outputs(self, value: Any) -> dict[str, np.ndarray]:
         """The model's declared outputs from what the engine answered a request."""
@@ -151,12 +162,22 @@ class ModelRoute:
             value = _one_item(value)
         return self.signature.result(value)
 
-    def _time_left(self, timeout_s: float, received_s: float, requests: int = 1) -> float:
-        """What is left of `timeout_s` since `received_s`; Overloaded (429) if nothing:
-        the server took the whole timeout to read the request, nothing of it ran."""
-        spent = time.monotonic() - received_s
-        if spent < timeout_s:
-            return timeout_s - spent
+    def _deadline(self, timeout_s: float, received_s: float | None,
+                  requests: int = 1) -> float:
+        """The request's deadline, set once here: `timeout_s` after `received_s` (default:
+        now), on this node's monotonic clock; every hop after reads it as it is (another
+        node's, once, on arrival: `deployments.wire.bundles.Arrival`). Overloaded (429) if
+        it has passed: the server took the whole timeout to read the request, nothing of
+        it ran."""
+        now = self._clock()
+        if timeout_s < 0:
+            raise self._invalid(f"timeout_s={timeout_s} must be > 0 seconds")
+        if received_s is None:
+            return now + timeout_s
+        deadline = received_s + timeout_s
+        if deadline > now:
+            return deadline
+        spent = now - received_s
         if self.metrics is not None:
             self.metrics.count("queue_full", requests)
         raise Overloaded(f"the server took {spent:.2f} s to read this request, its whole "

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from batching.loop import detached_task
+from deployments.wire.bundles import node_id
 from deployments.wire.keepalive import Keepalive
 from deployments.wire.link import Link
-from deployments.wire.transit import node_id
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ JSON outputs, NaN in one request's rows) request by request, each with its own a
 error. An error of the whole block (admission, the model) is the same answer to each of
 its requests. Where a model's engine is in batching actors, its arrivals gather into full
 blocks while a batch of it is in flight (`deployments.http.native.gather`). A client that went
-away: see `Blocks.gone`.
+away: see `deployments.http.native.departures`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from deployments.http.native.gather import Gather, connection_of
+from deployments.http.native import departures
+from deployments.http.native.gather import Gather
 from deployments.http.oip.errors import Unavailable, error_parts, log_error
 from deployments.http.pyserver.cycle import response_head
 from deployments.protocol import (
@@ -71,7 +72,7 @@ class Blocks:
         self.plans: list[_Plan] = []
         self._known: set[tuple[bytes, bytes, bool]] = set()
         self.pending = 0  # blocks the engine has not answered yet
-        self.flying: dict[asyncio.Future, list[Any]] = {}  # block -> [tokens, gone]
+        self.flying: dict[asyncio.Future, list[Any]] = {}  # block -> [tokens, gone, plan]
         self.gathers: dict[str, Gather] = {}  # model -> its gathering (`gather`)
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
@@ -294,7 +295,7 @@ class Blocks:
             return
         app.inflight += k
         self.pending += 1
-        self.flying[future] = [rec["token"], 0]
+        self.flying[future] = [rec["token"], None, plan]  # gone: a mask, once any is
         if plan.gather is not None:
             plan.gather.sent(k * plan.rows)
         future.add_done_callback(
@@ -313,13 +314,17 @@ class Blocks:
             g.answered(k * plan.rows)
             if g.counts and not g.holds():
                 self.release(plan.model.name)
-        if future.cancelled() and flight is not None and flight[1] == k:
-            self._drop(plan, tokens, k)  # every client of it went away (`gone`)
-            return
+        left = None if flight is None or flight[1] is None else ~flight[1]
+        if left is not None:  # clients of it went away (`departures`): 499, nothing written
+            self._drop(plan, flight[0][~left].tobytes(), k - int(left.sum()))
+            tokens, k = flight[0][left].tobytes(), int(left.sum())
+            if not k:
+                return
         try:
             if future.cancelled():
                 raise asyncio.CancelledError("the engine dropped the block")
-            self._answer(plan, request, tokens, k, outputs(future.result()))
+            self._answer(plan, request, tokens, k, departures.outputs_of(
+                future.result(), outputs, left, k, plan.rows))
         except Exception as exc:
             self._fail(plan, tokens, k, exc)
 
@@ -413,18 +418,8 @@ class Blocks:
     # -- clients that went away --------------------------------------------------------------
     def gone(self, prefix: int) -> None:
         """A client went away with requests queued (`prefix`: its tokens >> 24): those
-        gathering are dropped; a block whose every client went away is cancelled in the
-        engine (what it has not started never runs); a block with a client left runs."""
-        mine_of = connection_of(prefix)
-        for g in self.gathers.values():
-            for pid in list(g.held):
-                tokens = g.drop(pid, mine_of, self.plans[pid].size)
-                if len(tokens):
-                    self._drop(self.plans[pid], tokens.tobytes(), len(tokens))
-        for future, flight in self.flying.items():
-            flight[1] += int(mine_of(flight[0]).sum())
-            if flight[1] == len(flight[0]):
-                future.cancel()
+        gathering are dropped, its rows of blocks withdrawn (`departures`)."""
+        departures.gone(self, prefix)
 
     def _drop(self, plan: _Plan, tokens: bytes, k: int) -> None:
         """Requests whose clients went away: counted in by the front (their slots wait for

@@ -27,9 +27,10 @@ What a client sees is the same either way (tests/unit/deployments/http/test_fron
 test_front_hostile.py send the same bytes through both): same bytes for the same
 answers, same errors, same limits. What differs: a block's requests share its admission
 decision (the engine still counts each request). A client that goes away with requests
-queued: those still gathering are dropped, and a block whose every client went away is
-cancelled in the engine (what it has not started never runs); a block with a client left
-runs, and the gone clients' answers are dropped.
+queued: those still gathering are dropped, a block whose every client went away is
+cancelled in the engine (what it has not started never runs), and a block with a client
+left has the gone clients' rows withdrawn from what the engine still holds queued; what
+of them already runs is dropped (`deployments.http.native.departures`).
 
 The module is optional (`ingress.native_front`); where `_front` was not compiled the
 Python server serves alone (`available()`).

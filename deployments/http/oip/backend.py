@@ -65,6 +65,14 @@ class Backend(Protocol):
         (a block of the native front's), as the engine's metrics count them."""
         ...
 
+    # Optional: the native front withdraws the rows of a block's clients that hung up.
+    def withdraw_infer(self, model: ModelEntry, future: asyncio.Future, rows: Any) -> bool:
+        """Withdraw the rows `rows` (indices into its items) of a block `submit_infer`
+        returned `future` for, what of them the engine still holds queued; the block's
+        value is then `batching.types.Rows` (its rows' value, and which rows), which the
+        caller unwraps before the outputs' shaper. False if nothing has it open."""
+        ...
+
     async def generate(self, model: ModelEntry, text: Any,
                        params: dict[str, Any]) -> dict[str, Any]:
         """A whole generation: {"text_output", "finish_reason", "num_tokens", ...}."""

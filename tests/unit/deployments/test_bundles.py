@@ -24,14 +24,15 @@ def rows(n: int, value: float, width: int = 4) -> np.ndarray:
 
 
 def test_same_shaped_arrays_are_stacked_and_unpacked_as_views_in_order():
-    bundle = [Entry(0, rows(1, 1.0), None, None), Entry(1, rows(3, 2.0), 2, 0.5),
-              Entry(2, rows(2, 3.0), None, 1.0)]
+    bundle = [Entry(0, rows(1, 1.0), None, None), Entry(1, rows(3, 2.0), 2, 1000.5),
+              Entry(2, rows(2, 3.0), None, 1001.0)]
     packed = pack(bundle)
     assert type(packed) is Stacked and packed.items.shape == (6, 4)
     back = pickle.loads(pickle.dumps(packed, protocol=5))
     got = list(entries(back))
-    assert [(e.key, e.priority, e.timeout_s) for e in got] == [(0, None, None), (1, 2, 0.5),
-                                                                (2, None, 1.0)]
+    # each entry keeps its own deadline, the very instant it was given
+    assert [(e.key, e.priority, e.deadline) for e in got] == [(0, None, None), (1, 2, 1000.5),
+                                                               (2, None, 1001.0)]
     assert all(e.control is None and e.requests == 1 for e in got)
     for (_, want, *_), (_, have, *_) in zip(bundle, got):
         np.testing.assert_array_equal(have, want)
@@ -105,11 +106,26 @@ def test_an_entry_off_the_wire_is_checked_once_by_entries():
 
     from batching.errors import InvalidRequest
 
-    listed = [(0, rows(1, 1.0), 2, 0.5), Entry(1, rows(1, 2.0), requests=4)]
+    listed = [(0, rows(1, 1.0), 2, None), Entry(1, rows(1, 2.0), 3, 1000.5, requests=4)]
     got = list(entries(listed))
     assert [type(e) for e in got] == [Entry, Entry]
-    assert (got[0].key, got[0].priority, got[0].timeout_s, got[0].requests) == (0, 2, 0.5, 1)
-    assert got[1].requests == 4
+    assert (got[0].key, got[0].priority, got[0].deadline, got[0].requests) == (0, 2, None, 1)
+    assert (got[1].deadline, got[1].requests) == (1000.5, 4)
     for bad in ([(0,)], [{"key": 0}], [(0, 1, 2, 3, 4, 5, 6)], "not a list"):
         with pytest.raises(InvalidRequest, match="entr"):
             list(entries(bad))
+
+
+def test_a_plain_tuple_with_a_time_in_it_is_refused_not_read_as_an_instant():
+    """A caller of before the deadline sent `(key, items, priority, timeout_s)` tuples, of
+    the same length: a timeout of 0.5 s read as an instant would be long past. A plain
+    tuple may carry no time; an `Entry` names its deadline."""
+    import pytest
+
+    from batching.errors import InvalidRequest
+
+    for old in ((0, rows(1, 1.0), None, 0.5), (0, rows(1, 1.0), 2, 30.0, None, 1)):
+        with pytest.raises(InvalidRequest, match=r"deadline.*not a timeout.*Entry\(") as e:
+            list(entries([old]))
+        assert repr(old[3]) in str(e.value)
+    assert list(entries([(0, [1.0], None, None, None, 2)])) == [Entry(0, [1.0], requests=2)]

@@ -2,7 +2,8 @@
 (`deployments.ingress.coalesce`): a bundle that never comes back (the actor or its replica cut
 off) fails each request at its own deadline plus `LATE_ANSWER_S` with 504 and cancels it
 at the actor; a late answer reaches nobody; which requests have a deadline follows the
-engine's own rule (`route.hard_timeout`). A fake actor, a fake clock; the sweep timer
+engine's own rule (`route.hard_timeout`), on the time left until each request's deadline
+(an instant of the clock, set by the route). A fake actor, a fake clock; the sweep timer
 is stood in for by calling it."""
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def test_a_bundle_that_never_comes_back_fails_each_request_at_its_own_deadline()
     async def main():
         actor, clock = FakeActor(), Clock()
         c = Coalescer(lambda: actor, bundle_items=8, clock=clock)
-        short, long_, none = (c.submit([1], None, 1.0), c.submit([2], None, 3.0),
-                              c.submit([3], None, None))
+        short, long_, none = (c.submit([1], None, clock.now + 1.0),
+                              c.submit([2], None, clock.now + 3.0), c.submit([3], None, None))
         await spin()
         assert len(actor.bundles) == 1
         clock.now += 1.0 + LATE_ANSWER_S - 0.01
@@ -58,7 +59,7 @@ def test_requests_answered_in_time_are_not_touched_and_leave_little_behind():
         actor, clock = FakeActor(), Clock()
         c = Coalescer(lambda: actor, bundle_items=64, clock=clock)
         for _ in range(40):
-            futs = [c.submit([x], None, 5.0) for x in range(64)]
+            futs = [c.submit([x], None, clock.now + 5.0) for x in range(64)]
             await spin()
             actor.answer(len(actor.bundles) - 1)
             await spin()
@@ -75,7 +76,7 @@ def test_a_cancelled_request_is_cancelled_once_even_at_its_deadline():
     async def main():
         actor, clock = FakeActor(), Clock()
         c = Coalescer(lambda: actor, bundle_items=8, clock=clock)
-        fut = c.submit([1], None, 1.0)
+        fut = c.submit([1], None, clock.now + 1.0)
         await spin()
         fut.cancel()
         clock.now += 2.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import re
+import time
 
 import grpc
 import numpy as np
@@ -192,10 +193,13 @@ def test_request_parameters_reach_the_route(models):
     tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
     tensor.set_data_from_numpy(x)
     request = infer_request("square", [tensor], priority=1, timeout=2_000_000)
+    before = time.monotonic()
     response = call(servicer(models), "ModelInfer", request)
+    after = time.monotonic()
     assert grpcclient.InferResult(response).as_numpy("OUTPUT0").tolist() == [9.0]
-    _, _, priority, timeout_s, *_ = models["square"].batcher.bundles[-1][0]
-    assert (priority, timeout_s) == (1, 2.0)
+    _, _, priority, deadline, *_ = models["square"].batcher.bundles[-1][0]
+    # the 2 s timeout, as the instant the route set from it while the call ran
+    assert priority == 1 and before + 2.0 <= deadline <= after + 2.0
 
 
 def test_health_metadata_config_and_statistics(models):
