@@ -56,6 +56,7 @@ from deployments.replica.pool import ReplicaPool
 from deployments.wire.bundles import (
     Arrival,
     Entry,
+    Outcome,
     Stacked,
     StackedOutcomes,
     Stamp,
@@ -73,10 +74,7 @@ from deployments.wire.withdraw import Withdraw
 
 log = logging.getLogger(__name__)
 
-# (caller key, items with a leading batch dimension, priority, deadline[, control]);
-# control = (sequence_id, start, end) for a sequence model.
-# (caller key, value, error)
-Outcome = tuple[Any, Any, "BaseException | None"]
+# A bundle is `Entry`s in (or `Stacked`), an `Outcome` per entry out (or `StackedOutcomes`).
 
 
 class ModelEngine:
@@ -137,7 +135,7 @@ class ModelEngine:
         refused: list[BaseException] = []
         by_key = self._by_key
         if draining is not None:
-            return [(entry.key, None, Draining(draining)) for entry in entries(bundle)]
+            return [Outcome(entry.key, None, Draining(draining)) for entry in entries(bundle)]
         arrival = Arrival(sent)  # each deadline on this node's clock, once
         for entry in entries(bundle):
             rid = next(self._ids)
@@ -145,7 +143,7 @@ class ModelEngine:
                 entry = arrival.entry(entry)
                 opened[submit_entry(host, self.kind, self.config.name, rid, entry)] = entry.key, rid
             except RaybatchError as e:  # QueueFull, InvalidRequest, UnknownSequence, ...
-                out.append((entry.key, None, e))
+                out.append(Outcome(entry.key, None, e))
                 refused.extend([e] * entry_requests(entry))  # a block: its count
                 continue
             if caller is not None:

@@ -231,14 +231,14 @@ class Coalescer:
 
     async def _answer(self, bundle: list[Entry], call: Any, link: Link | None) -> None:
         try:
-            for key, value, error in outcomes(await call):
-                fut = self._futures.pop(key, None)
+            for o in outcomes(await call):
+                fut = self._futures.pop(o.key, None)
                 if fut is None or fut.done():
                     continue
-                if error is None:
-                    fut.set_result(value)
+                if o.error is None:
+                    fut.set_result(o.value)
                 else:
-                    fut.set_exception(error)
+                    fut.set_exception(o.error)
         except LinkLost as e:
             await self._link_lost(bundle, e, link)
         except Exception as e:

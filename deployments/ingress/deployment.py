@@ -40,7 +40,7 @@ from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_ext
 from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.stats import model_counters_json
 from deployments.protocol.wording import unknown_model, unknown_version
-from deployments.wire.bundles import Entry, Stamp
+from deployments.wire.bundles import Entry, Outcome, StackedOutcomes, Stamp
 
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
 
@@ -290,11 +290,11 @@ class Ingress(GrpcIngress):
             yield event
 
     async def infer_entries(self, model: str, bundle: list[Entry],
-                            sent: Stamp | None = None) -> list[tuple]:
+                            sent: Stamp | None = None) -> list[Outcome] | StackedOutcomes:
         """A `RaybatchClient` bundle for a model whose engine runs in the ingress
         (`batcher.placement: ingress`): `deployments.wire.bundles.Entry`s
-        (or `deployments.wire.bundles.Stacked`), answered `(key, value, error)` (or
-        `StackedOutcomes`) as a batching actor answers them; `sent`: its sender's stamp
+        (or `deployments.wire.bundles.Stacked`), answered an `Outcome` per entry
+        (or `StackedOutcomes`) as a batching actor answers them; `sent`: its sender's stamp
         (`deployments.wire.bundles.stamp`), by which each deadline is read here."""
         return await self.backend.get(model).backend.infer_entries(bundle, sent)
 

@@ -46,6 +46,7 @@ from deployments.protocol.stats import merge_stats
 from deployments.wire.bundles import (
     Arrival,
     Entry,
+    Outcome,
     Stacked,
     StackedOutcomes,
     Stamp,
@@ -57,8 +58,7 @@ from deployments.wire.bundles import (
 )
 from deployments.wire.generation import event_json, generate_request
 
-# (caller key, items, priority, deadline[, control]) -> (caller key, value, error)
-Outcome = tuple[Any, Any, "BaseException | None"]
+# A bundle is `Entry`s in (or `Stacked`), an `Outcome` per entry out (or `StackedOutcomes`).
 
 
 def batcher_actor_name(model: str, shard: int = 0, group: str | None = None) -> str:
@@ -228,7 +228,7 @@ class LocalEngine:
                 keys[self.submit(e.items, e.priority, e.deadline, e.control,
                                  entry_requests(e))] = key
             except RaybatchError as e:
-                out.append((key, None, e))
+                out.append(Outcome(key, None, e))
         if keys:
             await asyncio.wait(keys)
         return pack_outcomes(bundle, out + [outcome(key, fut)

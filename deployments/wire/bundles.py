@@ -2,7 +2,7 @@
 
 A bundle (`deployments.ingress.coalesce`) carries up to a batch of requests to a batching actor
 (or through the handle to an ingress-placed engine), each one `Entry`, and its answer
-carries one `(key, value, error)` per request back. As a list of entries, every request's
+carries one `Outcome` (key, value, error) per request back. As a list of entries, every request's
 array is its own buffer to Ray's serializer, which costs far more to pickle and read back
 than one array of all the rows (`benchmarks.serve.bundle_path`). So when every entry's
 items are arrays of one dtype and row shape (a stateless model's usual bundle), the bundle
@@ -95,9 +95,19 @@ class Stacked:
         return len(self.keys)
 
 
+class Outcome(NamedTuple):
+    """One request's answer on the wire, back from the engine: under the key its entry
+    came with, the value, or the error that ended it. A tuple (it pickles as one), read
+    by name."""
+
+    key: Any
+    value: Any = None
+    error: BaseException | None = None
+
+
 @dataclass(slots=True)
 class StackedOutcomes:
-    """`(key, value, error)` per entry: values are `values[offset:offset+n]` (n = 0 where
+    """An `Outcome` per entry: values are `values[offset:offset+n]` (n = 0 where
     `errors` has the entry's position)."""
 
     keys: list[Any]
@@ -148,16 +158,17 @@ def entries(bundle: list[Entry] | Stacked) -> Iterator[Entry]:
 
 
 def pack_outcomes(bundle: list[Entry] | Stacked,
-                  outcomes: list[tuple]) -> list[tuple] | StackedOutcomes:
+                  outcomes: list[Outcome]) -> list[Outcome] | StackedOutcomes:
     """The answer to `bundle`: stacked if the bundle was and every value allows it."""
     if type(bundle) is not Stacked:
         return outcomes
     values, keys, counts, errors = [], [], [], {}
     dtype = row = None
-    for i, (key, value, error) in enumerate(outcomes):
-        keys.append(key)
-        if error is not None:
-            errors[i] = error
+    for i, o in enumerate(outcomes):
+        keys.append(o.key)
+        value = o.value
+        if o.error is not None:
+            errors[i] = o.error
             counts.append(0)
             continue
         if type(value) is not np.ndarray or value.ndim == 0:
@@ -173,18 +184,20 @@ def pack_outcomes(bundle: list[Entry] | Stacked,
     return StackedOutcomes(keys, np.concatenate(values), counts, errors)
 
 
-def outcomes(answer: list[tuple] | StackedOutcomes) -> Iterator[tuple]:
-    """`(key, value, error)` per entry of an answer, either form."""
+def outcomes(answer: list[Outcome] | StackedOutcomes) -> Iterator[Outcome]:
+    """An `Outcome` per entry of an answer, either form (a plain `(key, value, error)`
+    tuple is read as one)."""
     if type(answer) is not StackedOutcomes:
-        yield from answer
+        for o in answer:
+            yield o if type(o) is Outcome else Outcome(*o)
         return
     values, errors, offset = answer.values, answer.errors, 0
     for i, (key, n) in enumerate(zip(answer.keys, answer.counts)):
         error = errors.get(i)
         if error is not None:
-            yield key, None, error
+            yield Outcome(key, None, error)
         else:
-            yield key, values[offset:offset + n], None
+            yield Outcome(key, values[offset:offset + n])
             offset += n
 
 
@@ -290,10 +303,10 @@ def entry_requests(entry: Entry) -> int:
     return n if type(n) is int and n > 0 else 1
 
 
-def outcome(key: Any, fut: asyncio.Future) -> tuple[Any, Any, BaseException | None]:
-    """A bundle entry's answer, `(key, value, error)`, from its ended future; errors that
-    are not Raybatch's own travel as `portable` copies (they cross a Ray call)."""
+def outcome(key: Any, fut: asyncio.Future) -> Outcome:
+    """A bundle entry's answer from its ended future; errors that are not Raybatch's own
+    travel as `portable` copies (they cross a Ray call)."""
     error = fut.exception()
     if error is None:
-        return key, fut.result(), None
-    return key, None, error if isinstance(error, RaybatchError) else portable(error)
+        return Outcome(key, fut.result())
+    return Outcome(key, None, error if isinstance(error, RaybatchError) else portable(error))

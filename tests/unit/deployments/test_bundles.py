@@ -10,6 +10,7 @@ import numpy as np
 from batching.errors import QueueFull
 from deployments.wire.bundles import (
     Entry,
+    Outcome,
     Stacked,
     StackedOutcomes,
     entries,
@@ -56,8 +57,8 @@ def test_anything_else_goes_as_the_list_it_was():
 def test_a_stacked_bundle_is_answered_stacked_with_errors_beside_the_values():
     bundle = pack([Entry(k, rows(k + 1, float(k))) for k in range(3)])
     refused = QueueFull("full")
-    answer = pack_outcomes(bundle, [(1, None, refused), (0, rows(1, 0.5), None),
-                                    (2, rows(3, 2.5), None)])
+    answer = pack_outcomes(bundle, [Outcome(1, None, refused), Outcome(0, rows(1, 0.5)),
+                                    Outcome(2, rows(3, 2.5))])
     assert type(answer) is StackedOutcomes and answer.values.shape == (4, 4)
     got = {k: (v, e) for k, v, e in outcomes(pickle.loads(pickle.dumps(answer)))}
     assert got[1][0] is None and isinstance(got[1][1], QueueFull)
@@ -67,13 +68,13 @@ def test_a_stacked_bundle_is_answered_stacked_with_errors_beside_the_values():
 
 def test_answers_that_cannot_be_stacked_go_as_a_list():
     stacked = pack([Entry(k, rows(1, 1.0)) for k in range(2)])
-    for out in ([(0, rows(1, 1.0), None), (1, {"a": rows(1, 1.0)}, None)],  # a dict value
-                [(0, rows(1, 1.0), None), (1, rows(1, 1.0, 5), None)],  # rows differ
-                [(0, None, QueueFull("x")), (1, None, QueueFull("y"))]):  # no value at all
+    for out in ([Outcome(0, rows(1, 1.0)), Outcome(1, {"a": rows(1, 1.0)})],  # a dict value
+                [Outcome(0, rows(1, 1.0)), Outcome(1, rows(1, 1.0, 5))],  # rows differ
+                [Outcome(0, None, QueueFull("x")), Outcome(1, None, QueueFull("y"))]):  # none
         assert pack_outcomes(stacked, out) is out
         assert list(outcomes(out)) == out
     plain = [Entry(0, rows(1, 1.0)), Entry(1, rows(1, 1.0))]
-    answer = [(0, rows(1, 1.0), None), (1, rows(1, 1.0), None)]
+    answer = [Outcome(0, rows(1, 1.0)), Outcome(1, rows(1, 1.0))]
     assert pack_outcomes(plain, answer) is answer  # a list bundle gets a list answer
 
 
@@ -129,3 +130,20 @@ def test_a_plain_tuple_with_a_time_in_it_is_refused_not_read_as_an_instant():
             list(entries([old]))
         assert repr(old[3]) in str(e.value)
     assert list(entries([(0, [1.0], None, None, None, 2)])) == [Entry(0, [1.0], requests=2)]
+
+
+def test_an_answer_is_read_as_outcomes_whatever_its_form():
+    """Outcomes read by name: a list of them, plain tuples from a foreign sender, or the
+    stacked form, each comes back as `Outcome`s in entry order."""
+    from batching.errors import QueueFull
+
+    err = QueueFull("full")
+    listed = [Outcome("a", np.ones((1, 2))), Outcome("b", None, err)]
+    assert [o.key for o in outcomes(listed)] == ["a", "b"]
+    assert all(type(o) is Outcome for o in outcomes([("a", 1, None), ("b", None, err)]))
+    bundle = pack([Entry("a", np.ones((1, 2))), Entry("b", np.ones((2, 2)))])
+    packed = pack_outcomes(bundle, [Outcome("a", np.zeros((1, 2))), Outcome("b", None, err)])
+    assert type(packed) is StackedOutcomes
+    [a, b] = outcomes(packed)
+    assert a.key == "a" and a.value.shape == (1, 2) and a.error is None
+    assert b == Outcome("b", None, err)

@@ -11,7 +11,7 @@ import numpy as np
 
 from cluster.config import ModelConfig
 from deployments.ingress.client import RaybatchClient
-from deployments.wire.bundles import Stacked, entries, pack_outcomes
+from deployments.wire.bundles import Outcome, Stacked, entries, pack_outcomes
 
 CONFIG = ModelConfig.model_validate({
     "name": "sq", "transformer": "deployments.models:Square",
@@ -43,7 +43,7 @@ class FakeIngressHandle:
     async def _infer_entries(self, model, bundle, sent=None):
         """As `Ingress.infer_entries` reads and answers a bundle, either form."""
         self.bundles.append((model, bundle))
-        return pack_outcomes(bundle, [(key, np.asarray(items) ** 2, None)
+        return pack_outcomes(bundle, [Outcome(key, np.asarray(items) ** 2)
                                       for key, items, *_ in entries(bundle)])
 
 
@@ -175,7 +175,7 @@ class FakeBatcher:
         self.calls += 1
         if self.error is not None:
             raise self.error
-        return pack_outcomes(bundle, [(key, np.asarray(items) ** 2, None)
+        return pack_outcomes(bundle, [Outcome(key, np.asarray(items) ** 2)
                                       for key, items, *_ in entries(bundle)])
 
 
