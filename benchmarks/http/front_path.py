@@ -60,7 +60,7 @@ def build_app(model: str = "mlp", replica: Any = None) -> Any:
                                          "ingress+idle"))
     backend = ServeBackend(config)
     for m in backend.by_name.values():
-        engine = m.backend.engine
+        engine = m.placement.engine
         engine.host = make_host(engine.config, on_replica_died=lambda c: None)
         engine.host.add_replica(replica or Echo())
         engine._started = asyncio.get_running_loop().create_future()

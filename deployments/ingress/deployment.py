@@ -34,7 +34,7 @@ from deployments.http.native.front import FrontServer
 from deployments.http.native.front import available as front_available
 from deployments.http.pyserver.server import HttpServer
 from deployments.ingress.drain import IngressDrain
-from deployments.ingress.placement import batcher_actor_name, make_backend
+from deployments.ingress.placement import batcher_actor_name, make_placement
 from deployments.metrics import CallerMetrics, HttpCounts, every
 from deployments.protocol import InferRequest, ModelSpec, TensorSpec, served_extensions
 from deployments.protocol.openai import ChatTemplate
@@ -80,14 +80,15 @@ class _Model:
                  ingress_replicas: int, metrics: MetricsConfig) -> None:
         self.config = config
         self.entry = model_entry(config)
-        self.backend = make_backend(config, default_timeout_s, ingress_replicas,
-                                    serve.get_deployment_actor,
-                                    CallerMetrics(config) if metrics.enabled else None, metrics)
-        self.route = self.backend.route
+        self.placement = make_placement(config, default_timeout_s, ingress_replicas,
+                                        serve.get_deployment_actor,
+                                        CallerMetrics(config) if metrics.enabled else None,
+                                        metrics)
+        self.route = self.placement.route
 
     def actors(self) -> list[Any]:
         """Its batching actors ([] when its engine runs in this replica)."""
-        return self.backend.client_actors() or []
+        return self.placement.client_actors() or []
 
 
 async def _raise(e: BaseException) -> Any:
@@ -112,7 +113,7 @@ class ServeBackend:
         self.drain: IngressDrain | None = None  # set by the ingress: 503 once draining
 
     async def wait_ready(self) -> None:
-        await asyncio.gather(*(m.backend.start() for m in self.by_name.values()))
+        await asyncio.gather(*(m.placement.start() for m in self.by_name.values()))
 
     def get(self, name: str, version: str | None = None) -> _Model:
         if self.drain is not None:
@@ -132,10 +133,10 @@ class ServeBackend:
         return self.get(name, version).entry
 
     async def ready(self, model: ModelEntry) -> bool:
-        return await self.by_name[model.name].backend.is_ready()
+        return await self.by_name[model.name].placement.is_ready()
 
     async def raw_stats(self, name: str) -> dict[str, Any]:
-        return await self.by_name[name].backend.stats()
+        return await self.by_name[name].placement.stats()
 
     async def stats(self, model: ModelEntry) -> dict[str, Any]:
         return model_counters_json(model.spec, await self.raw_stats(model.name))
@@ -242,7 +243,7 @@ class Ingress(GrpcIngress):
         if getattr(self, "drain", None) is not None:  # None: __init__ failed before it
             await self.drain.finish()
             # Engines in this replica (placement ingress) finish what they accepted too.
-            await asyncio.gather(*(m.backend.drain(self.config.ingress.drain_timeout_s)
+            await asyncio.gather(*(m.placement.drain(self.config.ingress.drain_timeout_s)
                                    for m in self.backend.by_name.values()))
         if native is not None:  # what is still being answered ends, then the connections
             await native.stop(self.config.ingress.drain_timeout_s)
@@ -296,14 +297,14 @@ class Ingress(GrpcIngress):
         (or `deployments.wire.bundles.Stacked`), answered an `Outcome` per entry
         (or `StackedOutcomes`) as a batching actor answers them; `sent`: its sender's stamp
         (`deployments.wire.bundles.stamp`), by which each deadline is read here."""
-        return await self.backend.get(model).backend.infer_entries(bundle, sent)
+        return await self.backend.get(model).placement.infer_entries(bundle, sent)
 
     async def route_info(self, model: str) -> tuple[str, list[Any] | None, float | None]:
         """What `RaybatchClient` needs to send to `model`'s engine itself: the model's
         config (JSON), the batching actors' handles (None: the engine runs in the
         ingress, send bundles to `infer_entries`), the default deadline."""
         m = self.backend.get(model)
-        return (m.config.model_dump_json(), m.backend.client_actors(),
+        return (m.config.model_dump_json(), m.placement.client_actors(),
                 self.config.ingress.default_timeout_s)
 
     async def status(self) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Where a model's engine runs, as an ingress replica sees it (`batcher.placement`).
 
-`ActorBackend` (placement `actor`): the engine runs in one batching actor per
+`ActorPlacement` (placement `actor`): the engine runs in one batching actor per
 shard, a Serve deployment-scoped actor; the ingress coalesces each tick's
 requests into one Ray call per batch's worth (`Coalescer`), and the actors
 batch across every ingress replica.
 
-`IngressBackend` (placement `ingress`): this ingress replica runs the engine
+`IngressPlacement` (placement `ingress`): this ingress replica runs the engine
 itself (`LocalEngine`: the model's host over its own `ReplicaPool`) and sends each
 batch straight to a model replica: one Ray hop fewer per request, batches formed
 per ingress replica (as `@serve.batch` does), every policy the same, and no
@@ -240,7 +240,7 @@ class LocalEngine:
                 "batch_limit": self.config.batch_size, "replica_info": await self.pool.info()}
 
 
-class ActorBackend:
+class ActorPlacement:
     """Placement `actor`: the model's batching actors (one per shard)."""
 
     placement = "actor"
@@ -304,7 +304,7 @@ class ActorBackend:
                              "actors: send bundles to them (RaybatchClient does)")
 
 
-class IngressBackend:
+class IngressPlacement:
     """Placement `ingress`: the engine runs here, in this ingress replica."""
 
     placement = "ingress"
@@ -342,18 +342,18 @@ class IngressBackend:
         return await self.engine.infer(bundle, sent)
 
 
-Backend = ActorBackend | IngressBackend
+Placement = ActorPlacement | IngressPlacement
 
 
-def make_backend(config: ModelConfig, default_timeout_s: float | None, ingress_replicas: int,
+def make_placement(config: ModelConfig, default_timeout_s: float | None, ingress_replicas: int,
                  get_actor: Callable[[str], Any], caller_metrics: CallerMetrics | None = None,
-                 metrics: MetricsConfig | None = None) -> Backend:
+                 metrics: MetricsConfig | None = None) -> Placement:
     """`caller_metrics`: counts of what the route refuses itself; `metrics`: the config's
     metrics block, for an engine that runs here (it records what a batching actor would)."""
     if config.batcher.placement == "ingress":
-        return IngressBackend(config, default_timeout_s, ingress_replicas, caller_metrics,
+        return IngressPlacement(config, default_timeout_s, ingress_replicas, caller_metrics,
                               metrics)
-    return ActorBackend(config, default_timeout_s, get_actor, caller_metrics)
+    return ActorPlacement(config, default_timeout_s, get_actor, caller_metrics)
 
 
 async def _all_ready(actors: list[Any]) -> list[Any]:

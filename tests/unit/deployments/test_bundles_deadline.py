@@ -22,8 +22,8 @@ from deployments.ingress.coalesce import Coalescer
 from deployments.ingress.route import ModelRoute
 from deployments.wire import bundles
 from deployments.wire.bundles import Arrival, Entry, entries, pack, submit_entry, time_left
-from tests.unit.deployments.test_backends import ACCUMULATOR, backend
 from tests.unit.deployments.test_coalesce import FakeActor, spin
+from tests.unit.deployments.test_placement import ACCUMULATOR, backend
 
 
 @pytest.fixture

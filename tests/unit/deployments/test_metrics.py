@@ -269,14 +269,14 @@ def test_an_engine_in_one_of_several_ingress_replicas_names_its_replicas_apart(f
                                                                               monkeypatch):
     """Each ingress replica's engine has its own replica-0: the ingress rank tells them
     apart in the `replica` label (Ray's WorkerId label keeps the other series apart)."""
-    from deployments.ingress import placement as backends
+    from deployments.ingress import placement
 
     m = BatcherMetrics(model(), replica_prefix="ingress1-")
     m.publish(snapshot())
     inflight = {t["replica"] for _, _, t in fake["raybatch_inflight_batches"].calls}
     assert inflight == {"ingress1-replica-0", "ingress1-replica-3"}
-    monkeypatch.setattr(backends, "ingress_rank", lambda: 2)
+    monkeypatch.setattr(placement, "ingress_rank", lambda: 2)
     config = model().model_copy(update={"batcher": model().batcher.model_copy(
         update={"placement": "ingress"})})
-    assert backends.IngressBackend(config, None, 3).engine.replica_prefix == "ingress2-"
-    assert backends.IngressBackend(config, None, 1).engine.replica_prefix == ""
+    assert placement.IngressPlacement(config, None, 3).engine.replica_prefix == "ingress2-"
+    assert placement.IngressPlacement(config, None, 1).engine.replica_prefix == ""

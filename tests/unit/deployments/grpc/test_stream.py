@@ -1,6 +1,6 @@
 """ModelStreamInfer without Ray or a network: tritonclient.grpc's own stream requests go
 through `GrpcIngress.ModelStreamInfer` (as Serve calls it) to the real `ModelRoute`;
-TinyLM generates in this process on the real iterative engine (`IngressBackend` over an
+TinyLM generates in this process on the real iterative engine (`IngressPlacement` over an
 in-process replica), `square` runs on a fake batching actor. A fake request stream
 stands in for Serve's `gRPCInputStream`: requests sent, a half-close, a hang-up.
 No sleeps: the tests turn the event loop."""
@@ -16,12 +16,12 @@ import tritonclient.grpc as grpcclient
 from cluster.config import ModelConfig, load_config
 from deployments.grpc import GrpcIngress
 from deployments.grpc.generate import FINAL
-from deployments.ingress.placement import IngressBackend
+from deployments.ingress.placement import IngressPlacement
 from deployments.models import Square
 from tests.conftest import APP_CONFIG
 from tests.unit.deployments.grpc.test_generate import prompt, request, tensor
 from tests.unit.deployments.grpc.test_servicer import FakeBatcher, Served, servicer
-from tests.unit.deployments.test_backends import TINYLM, InProcessPool, spin
+from tests.unit.deployments.test_placement import TINYLM, InProcessPool, spin
 
 
 class Requests:
@@ -61,10 +61,10 @@ class Ingress(GrpcIngress):
         self.grpc_servicer = servicer(models)
 
 
-def lm(**batching) -> tuple[IngressBackend, Served]:
+def lm(**batching) -> tuple[IngressPlacement, Served]:
     config = ModelConfig.model_validate({**TINYLM, "name": "tinylm",
                                          "batching": {**TINYLM["batching"], **batching}})
-    backend = IngressBackend(config, None, 1, make_pool=InProcessPool)
+    backend = IngressPlacement(config, None, 1, make_pool=InProcessPool)
     served = Served(config, None)
     served.route = backend.route
     return backend, served

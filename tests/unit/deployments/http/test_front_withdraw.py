@@ -77,7 +77,7 @@ class EngineBackend(FakeBackend):
         config = ModelConfig.model_validate(CONFIG)
         self.engine = LocalEngine(config, make_pool=lambda config, host, record_metrics=False:
                                   _Pool(host, self.replica))
-        self.route = ModelRoute(config, [], shards=[self.engine])  # as `IngressBackend`'s
+        self.route = ModelRoute(config, [], shards=[self.engine])  # as `IngressPlacement`'s
 
     def submit_infer(self, model, request, received_s=None, requests=1):
         route = self.route

@@ -1,6 +1,6 @@
 """`batcher.placement: ingress` for stateful and generative models, without Ray.
 
-`IngressBackend` runs the model's engine in this process; a `PoolFactory` of
+`IngressPlacement` runs the model's engine in this process; a `PoolFactory` of
 in-process replicas (a real `StateStore` over the Accumulator, a real
 `Generator` over TinyLM, stepped on the event loop) stands in for the
 `ReplicaPool`, so what reaches the route is what the real replicas would answer.
@@ -26,7 +26,7 @@ from batching.iterative.generative import Generator
 from batching.iterative.host import LocalStepClient
 from batching.sequence.stateful import StateStore
 from cluster.config import ModelConfig, import_object
-from deployments.ingress.placement import IngressBackend
+from deployments.ingress.placement import IngressPlacement
 from deployments.wire.generation import collect
 
 ACCUMULATOR = {
@@ -84,9 +84,9 @@ class InProcessPool:
         return [{"name": self.client.name, "state": "ALIVE"}]
 
 
-def backend(model: dict, **changes) -> IngressBackend:
+def backend(model: dict, **changes) -> IngressPlacement:
     config = ModelConfig.model_validate({**model, **changes})
-    return IngressBackend(config, None, 1, make_pool=InProcessPool)
+    return IngressPlacement(config, None, 1, make_pool=InProcessPool)
 
 
 def run(coro):
@@ -247,7 +247,7 @@ def test_the_engine_started_by_a_first_request_runs_in_no_requests_context():
 
     async def main():
         config = ModelConfig.model_validate(ACCUMULATOR)
-        b = IngressBackend(config, None, 1, make_pool=Probe)
+        b = IngressPlacement(config, None, 1, make_pool=Probe)
 
         async def first():  # a stats call that finds the engine not started yet
             request.set("first")
