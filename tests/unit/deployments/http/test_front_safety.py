@@ -127,8 +127,8 @@ def _narrow_front(tmp: Path):
 def test_an_answer_never_reaches_the_next_client_on_its_slot(tmp_path, monkeypatch):
     """A client queues a request and resets; connections come and go on its slot until the
     (2-bit) generation comes round; the next client's request is answered with its own
-    rows, never the first client's. (The gone client's block is not cancelled here, as
-    when a client left in it keeps it running: its answer comes, to be dropped.)"""
+    rows, never the first client's. (The front is told of no client that went away, so the
+    gone client's request stays queued: its answer comes, to be dropped.)"""
     monkeypatch.setattr(front_module, "_front", _narrow_front(tmp_path))
     monkeypatch.setattr(Blocks, "gone", lambda self, prefix: None)
     with ServerThread(front=True) as s:
@@ -168,8 +168,9 @@ def test_answers_keep_their_owners_through_100k_connections(monkeypatch):
     """100,000 connections open and close (half of them reset) while queued requests of
     clients that went away wait for the model, and clients between them check that each
     answer they read is their own. 65,535 connections after a client left, a slot's 16-bit
-    generation comes round to its value. (Gone clients' blocks run on, as when a client
-    left in them keeps them running.)"""
+    generation comes round to its value. (The front is told of no client that went away, so
+    their requests stay queued and run, their answers due to slots that no longer hold
+    their connections: the case the slot reservation exists for.)"""
     monkeypatch.setattr(Blocks, "gone", lambda self, prefix: None)
     with ServerThread(front=True) as s:
         learn(s)
