@@ -38,7 +38,9 @@ def test_startup_garbage_is_freed_the_living_frozen_and_later_cycles_still_colle
     frozen = freeze_startup_heap("test")
 
     assert garbage_ref() is None, "startup's garbage was collected before the freeze"
-    assert frozen == gc.get_freeze_count() > 0
+    # what it froze, as counted at the freeze; a frozen object freed since (by another
+    # thread of the test process: a pool's, a monitor's) leaves the count, never joins it
+    assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
     assert not any(alive is o for o in gc.get_objects()), "the living startup heap is frozen"
     later, later_ref = cycle()
     del later
