@@ -167,7 +167,7 @@ class ServeBackend:
         model's `max_queue_delay_s` where its engine is a batching actor (a block is one
         Ray call and one engine request there); 0 where the engine runs in this replica."""
         m = self.by_name[model.name]
-        if m.backend.placement != "actor" or m.config.batching.kind != "dynamic":
+        if m.placement.placement != "actor" or m.config.batching.kind != "dynamic":
             return 0.0
         return m.config.batching.max_queue_delay_s
 
