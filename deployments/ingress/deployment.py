@@ -310,6 +310,13 @@ class Ingress(GrpcIngress):
     async def status(self) -> dict[str, Any]:
         return {name: await self.backend.raw_stats(name) for name in self.backend.by_name}
 
+    async def front_counts(self) -> dict[str, int]:
+        """The native front's own counters on this replica (`fast`: requests it queued
+        itself, without the Python server; `switched`: connections it handed to the Python
+        server; connections, slots...); {} where the native front does not run here."""
+        stats = getattr(self.native, "stats", None)
+        return stats() if callable(stats) else {}
+
     async def http_counts(self) -> dict[tuple[str, int], int]:
         """HTTP responses this replica sent, by (route template, status), on both the
         fast path and Serve's: what the metrics read."""

@@ -34,6 +34,7 @@ def test_pipelined_clients_through_the_front_to_batching_actors_get_their_own_an
     assert first.recv(65536).startswith(b"HTTP/1.1 200")
     first.close()
     before = app.stats("sharded")
+    queued_before = app.handle.front_counts.remote().result(timeout_s=30).get("fast", 0)
 
     socks, sel = [], selectors.DefaultSelector()
     for c in range(CONNECTIONS):
@@ -74,6 +75,11 @@ def test_pipelined_clients_through_the_front_to_batching_actors_get_their_own_an
     assert served > 0
     after = app.stats("sharded")
     assert after["success"]["count"] - before["success"]["count"] == served
+    # ... and the front, not the Python server, queued them: the plan it learnt from the
+    # first answer covers every later one (each sent whole in one write; a request the
+    # front had to hand over, such as one cut across reads, would be the Python path's)
+    queued = app.handle.front_counts.remote().result(timeout_s=30)["fast"] - queued_before
+    assert queued >= 0.9 * CONNECTIONS * EACH, f"the front queued {queued} of {served}"
     # the bundles went on the ingress's direct connection to each batching actor
     assert after["linked_callers"] >= 1, after
     # and each batching actor sent its batches on a direct connection to its CPU replicas

@@ -80,7 +80,12 @@ class _LearningCycle(Cycle):
     def respond(self, status: int, headers: list, parts: list) -> None:
         super().respond(status, headers, parts)
         if status == 200 and self.kept is not None:
-            self.conn.server.book.learn(self.scope, self.kept)
+            try:  # tried once per kind of request (`Blocks.learn` remembers it either way)
+                self.conn.server.book.learn(self.scope, self.kept)
+            except Exception:  # the answer is out; the Python server keeps this kind
+                log.exception("the native front could not learn a plan for %s; the Python "
+                              "server goes on serving these requests",
+                              self.scope.get("path"))
 
 
 class _Connection(Connection):

@@ -228,3 +228,24 @@ def test_clients_that_hang_up_while_held_leave_the_others_their_answers():
     for c, rs in mine:
         assert all(r.status == 200 and struct.unpack("<2f", r.body[-8:]) == (c * c, 4.0)
                    for r in rs)
+
+
+@needs_front
+def test_a_plan_the_front_cannot_learn_is_logged_and_the_python_server_keeps_serving(caplog):
+    """Learning a plan fails (here: the backend's gathering answer raises): the answer that
+    taught it is already out, the failure is logged once, and the next requests of that
+    kind are still answered, by the Python server, none queued by the front."""
+    def broken(model):
+        raise AttributeError("no placement")
+
+    async def main():
+        async with Served(front=True) as s:
+            s.backend.gather_s = broken
+            with caplog.at_level("ERROR", logger="deployments.http"):
+                await asyncio.to_thread(_learnt, s)
+                await asyncio.to_thread(_learnt, s)
+            assert s.server.stats()["fast"] == 0
+            return [r.getMessage() for r in caplog.records]
+
+    messages = run(main())
+    assert sum("could not learn a plan" in m for m in messages) == 1, messages
