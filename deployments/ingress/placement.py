@@ -160,21 +160,28 @@ class LocalEngine:
         ends, None: none; `control`: a sequence model's (sequence_id, start, end);
         `requests`: the clients' requests it stands for, as counted); raises its error
         (QueueFull, UnknownSequence, Overloaded...) at once."""
-        if control is not None and self.kind == "dynamic":
+        return self._submit(Entry(None, items, priority, deadline, control, requests))
+
+    def _submit(self, entry: Entry) -> asyncio.Future:
+        """`entry` to the host under an id of this engine's (its key is not read)."""
+        if entry.control is not None and self.kind == "dynamic":
             raise InvalidRequest(f"model {self.config.name!r} runs dynamic batching: "
                                  "sequence controls do not apply")
         rid = next(self._ids)
         try:
-            fut = submit_entry(self.host, self.kind, self.config.name, rid,
-                               Entry(rid, items, priority, deadline, control, requests))
+            fut = submit_entry(self.host, self.kind, self.config.name, rid, entry)
         except RaybatchError as e:
-            self._refused(e, requests)
+            self._refused(e, entry_requests(entry))
             raise
-        fut.add_done_callback(lambda f: f.cancelled() and self.host.cancel(rid))
-        if requests > 1:  # a block: rows of its clients may be withdrawn (`withdraw`)
+        if entry_requests(entry) > 1:  # a block: rows of its clients may be withdrawn
             self._blocks[fut] = rid
-            fut.add_done_callback(self._blocks.pop)
+        fut.add_done_callback(lambda f: self._ended(f, rid))
         return fut
+
+    def _ended(self, fut: asyncio.Future, rid: int) -> None:
+        self._blocks.pop(fut, None)
+        if fut.cancelled():  # its caller gave up: what is still queued never runs
+            self.host.cancel(rid)
 
     def withdraw(self, fut: asyncio.Future, rows: Any) -> bool:
         """Withdraw the rows `rows` (indices into its items) of the block whose future is
@@ -222,13 +229,10 @@ class LocalEngine:
         out: list[Outcome] = []
         arrival = Arrival(sent)
         for entry in entries(bundle):
-            key = entry.key
             try:
-                e = arrival.entry(entry)
-                keys[self.submit(e.items, e.priority, e.deadline, e.control,
-                                 entry_requests(e))] = key
+                keys[self._submit(arrival.entry(entry))] = entry.key
             except RaybatchError as e:
-                out.append(Outcome(key, None, e))
+                out.append(Outcome(entry.key, None, e))
         if keys:
             await asyncio.wait(keys)
         return pack_outcomes(bundle, out + [outcome(key, fut)
