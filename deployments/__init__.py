@@ -10,8 +10,9 @@ A request meets them in this order (a wing is a folder; `⇢` is a hop between p
         client.py      RaybatchClient: a Python caller straight to the batching actors
         drain.py       finishing what was accepted on delete and redeploy (ingress side)
       ⇢ wire/      what crosses a hop, in both directions
-        bundles.py     the record of a request (Entry: its one deadline, read on arrival)
-                       and a bundle of them, stacked
+        bundles.py     the record of a request (Entry: its one deadline, read on arrival),
+                       of its answer (Outcome), and a bundle of them, stacked
+        withdraw.py    the partial cancel: rows of a block whose clients went away
         link.py        a direct TCP connection to an actor (the caller's end, framing)
         dialer.py      when a caller has a direct connection and when a Ray call goes
         keepalive.py   when a connection's other end is taken for lost
