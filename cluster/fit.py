@@ -70,8 +70,12 @@ def check_fit(config: RaybatchConfig, nodes: list[dict[str, float]]) -> None:
     """Raise ConfigError, saying what to change, if `config`'s minimum cannot fit."""
     problems = shortfall(minimum_demand(config), nodes)
     if problems:
-        raise ConfigError(
-            "the app's minimum does not fit this cluster:\n  " + "\n  ".join(problems) +
+        raise ConfigError(refusal(problems))
+
+
+def refusal(problems: list[str]) -> str:
+    """What `shortfall` found, and how to fix it."""
+    return ("the app's minimum does not fit this cluster:\n  " + "\n  ".join(problems) +
             "\nlower replicas.min_replicas, num_cpus or num_gpus (or ingress.num_replicas, "
             "ingress.num_cpus), or give Ray more (`raybatch up --num-cpus N`; GPUs it finds "
             "itself), or join a cluster that has them (`raybatch up --address`)")

@@ -56,7 +56,7 @@ it keeps answering this long after it is asked to stop, for a load balancer to n
 
 def up(args: argparse.Namespace) -> int:
     from cluster.config import load_default
-    from raybatch.startup import Stopper
+    from raybatch.startup import Stopper, stop
 
     stopper = Stopper()
     stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
@@ -95,6 +95,9 @@ def up(args: argparse.Namespace) -> int:
               flush=True)
     if not args.address:
         _quiet_token_auth_notice()
+        if not _fits_as_asked(config, args):  # before Ray starts: refused in a second
+            stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+            return 1
     ray.init(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
              include_dashboard=False, **node)
     stopper.install()  # again: ray.init sets a SIGTERM handler of its own
@@ -102,7 +105,7 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve  # imported by now (else here, raising what the import raises)
 
     from deployments.app import build_app
-    from raybatch.startup import deploy, stop
+    from raybatch.startup import deploy
 
     if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
         stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
@@ -149,6 +152,26 @@ def _fits(config: Any, local: bool) -> bool:
         print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
               "Ctrl-C stops", flush=True)
     return True
+
+
+def _fits_as_asked(config: Any, args: argparse.Namespace) -> bool:
+    """Whether the config's minimum fits the CPUs and GPUs given to a local Ray
+    (`--num-cpus`, `--num-gpus`), known before it starts; what Ray would find itself
+    is checked once it runs (`_fits`)."""
+    import sys
+
+    from cluster.fit import Need, minimum_demand, shortfall
+
+    given = {k: float(v) for k, v in (("CPU", args.num_cpus), ("GPU", args.num_gpus))
+             if v is not None}
+    needs = [Need(x.what, x.count, {k: v for k, v in x.each.items() if k in given})
+             for x in minimum_demand(config)]
+    problems = shortfall([x for x in needs if x.each], [given])
+    if problems:
+        from cluster.fit import refusal
+
+        print(f"raybatch up: {refusal(problems)}", file=sys.stderr, flush=True)
+    return not problems
 
 
 def _claim_ports(ports: list[int], config: str | None) -> Any:
