@@ -160,7 +160,7 @@ def _fits_as_asked(config: Any, args: argparse.Namespace) -> bool:
     is checked once it runs (`_fits`)."""
     import sys
 
-    from cluster.fit import Need, minimum_demand, shortfall
+    from cluster.fit import Need, minimum_demand, refusal, shortfall
 
     given = {k: float(v) for k, v in (("CPU", args.num_cpus), ("GPU", args.num_gpus))
              if v is not None}
@@ -168,8 +168,6 @@ def _fits_as_asked(config: Any, args: argparse.Namespace) -> bool:
              for x in minimum_demand(config)]
     problems = shortfall([x for x in needs if x.each], [given])
     if problems:
-        from cluster.fit import refusal
-
         print(f"raybatch up: {refusal(problems)}", file=sys.stderr, flush=True)
     return not problems
 
