@@ -2,7 +2,9 @@
 
 The programs (tests/e2e/triton_examples/, pinned to one commit of Triton's client
 repository, checked here to be byte for byte that commit's) run as subprocesses with
-`-u host:port` and must exit 0, over three endpoints:
+`-u host:port` and must exit 0, over three endpoints (each through
+`run_triton_example.py`, which closes the HTTP clients a program leaves open before
+the interpreter's shutdown: their `__del__` can hang there, in gevent):
 - `native`: Raybatch's own HTTP server (`ingress.native_port`), at its root;
 - `serve`: Serve's HTTP port, under the app's route prefix (the app is deployed beside
   the session's shared one, so it has a prefix of its own; tritonclient takes it in the
@@ -32,6 +34,7 @@ from tests.conftest import ROOT, free_port
 pytestmark = pytest.mark.e2e
 
 PROGRAMS = Path(__file__).parent / "triton_examples"
+RUNNER = Path(__file__).parent / "run_triton_example.py"
 CONFIG = ROOT / "deployments" / "configs" / "triton-examples.yaml"
 APP, PREFIX = "triton-examples-test", "/triton-examples"
 HTTP = sorted(p.name for p in PROGRAMS.glob("simple_http_*.py"))
@@ -103,8 +106,13 @@ def urls(app):
 
 @pytest.mark.parametrize(("program", "endpoint"), RUNS, ids=[f"{p[7:-3]}-{e}" for p, e in RUNS])
 def test_tritons_example_program_passes_unchanged(urls, program, endpoint):
-    proc = subprocess.run([sys.executable, str(PROGRAMS / program), "-u", urls[endpoint]],
-                          capture_output=True, text=True, timeout=120, cwd=PROGRAMS)
+    command = [sys.executable, str(RUNNER), str(PROGRAMS / program), "-u", urls[endpoint]]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                              cwd=PROGRAMS)
+    except subprocess.TimeoutExpired as e:  # what it printed says where it stopped
+        said = b"".join(x or b"" for x in (e.stdout, e.stderr)).decode(errors="replace")
+        pytest.fail(f"{program} did not end in 120 s; its output:\n{said[-4000:]}")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     # Some programs exit 0 when they cannot connect: that is no pass either.
