@@ -32,14 +32,20 @@ APP_BUILDER = "deployments.app:app_builder"
 # The KServe v2 / Triton gRPC service (deployments.grpc.SERVICER_FUNCTIONS; named here
 # because cluster/ does not import deployments/).
 GRPC_SERVICER = "deployments.grpc.stubs.add_servicer"
+PROXY_READY_CHECK_TIMEOUT_S = "30"
+"""Seconds Serve's controller gives a starting proxy (Serve's default: 5; each restart
+waits one more such step)."""
 
 
 def serve_environment(config: RaybatchConfig) -> dict[str, str]:
     """The environment every Ray node (hence the Serve controller, proxies and replicas)
     needs for Serve's fastest configuration: throughput mode, which also turns direct
     ingress on (ingress replicas serve HTTP on their own ports), and HAProxy on the HTTP
-    port in front of them when `ingress.haproxy`."""
-    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    port in front of them when `ingress.haproxy`. Plus a ready check that a busy node
+    passes: a proxy (with its HAProxy) that takes more than Serve's 5 s to start, as it
+    does beside replicas loading their models, is otherwise killed and started again."""
+    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+           "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": PROXY_READY_CHECK_TIMEOUT_S}
     if config.ingress.haproxy:
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
     return env

@@ -79,6 +79,7 @@ def test_serve_environment_names_throughput_mode_direct_ingress_and_haproxy(tmp_
 
     assert serve_environment(_config()) == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
                                             "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                                            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "30",
                                             "RAY_SERVE_ENABLE_HA_PROXY": "1"}
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in serve_environment(_config(haproxy=False))
     cfg = tmp_path / "cfg.yaml"
