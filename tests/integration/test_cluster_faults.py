@@ -8,7 +8,8 @@ one item each with a 3 s deadline (OIP `parameters.timeout`). Then, under that l
 
 - host 0 is killed (every process of it): every request ends by its deadline + 1 s, with
   its own x² or a 503/504 whose body is JSON {"error": ...} (no reset, no 500, no other
-  request's answer), and host 1 goes on answering within a few seconds of the kill;
+  request's answer), and host 1 goes on answering (how soon is benchmarks/cluster/faults.py's
+  to measure: here only a bound that stops a hang);
 - host 1, which now holds the model, is cut off for 6 s and healed: the same, and no
   replica that answered before the partition answers after a client got an error for it
   (a cut-off replica is stopped, its late answers reach nobody); service comes back.
@@ -88,18 +89,16 @@ def test_a_host_killed_then_one_partitioned_under_load_costs_no_wrong_or_late_an
         with Load(app.native_port, CLIENTS, DEADLINE_S) as load:
             until(lambda: {host_of(o.tag) for o in load.outcomes if o.verdict == "ok"}
                   == set(hosts), 60, "answers from both hosts")
-            killed_at = time.monotonic()
             app.lab.kill(0)
             dead_at = time.monotonic()  # no process of host 0 is left from here on
-            time.sleep(6.0)
+            until(lambda: any(o.verdict == "ok" and o.t0 > dead_at for o in load.outcomes),
+                  60, "an answer to a request sent after the kill")
         outcomes = load.stop()
         assert_every_request_ended_well(outcomes)
         # sent once host 0 was gone: answered by host 1 (one sent while the kill went on may
         # still have been answered by host 0, as it should)
         after = [o for o in outcomes if o.verdict == "ok" and o.t0 > dead_at]
         assert after and all(host_of(o.tag) == hosts[1] for o in after), after[:3]
-        assert after[0].t1 < killed_at + DEADLINE_S + 2.0, (  # link_dead_s 2 s at the most
-            f"host 1's first answer came {after[0].t1 - killed_at:.1f} s after the kill")
 
         # (b) host 1 cut off for PARTITION_S under load, then healed
         with Load(app.native_port, CLIENTS, DEADLINE_S) as load:
