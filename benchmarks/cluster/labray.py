@@ -34,13 +34,16 @@ class RayOnLab:
     def ray_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of every Ray process of the lab: RAY_AUTH_MODE one value for all
         (this one's, else `disabled`), no usage reports, no RAY_ADDRESS, and 120 s, not
-        Ray's 60, for a driver to find its node in the GCS: the hosts run on a fraction of
-        a core each, and a busy machine once took longer than 60 s to register a raylet."""
+        Ray's 60, both for a driver to find its node in the GCS and for any process to
+        give up on a GCS that does not answer: the hosts run on a fraction of a core each,
+        and on a busy machine (a CPU hog and the other test lane beside) the head once took
+        longer than 60 s to register a raylet, and once to answer a driver."""
         out = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         out.update(env or {})
         out.setdefault("RAY_AUTH_MODE", "disabled")
         out.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         out.setdefault("RAY_gcs_server_request_timeout_seconds", "120")
+        out.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "120")
         return out
 
     def start_head(self, num_cpus: int = 1, ray_args: Sequence[str] = (),
