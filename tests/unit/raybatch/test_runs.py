@@ -4,9 +4,11 @@ HAProxy behind, with no record left to find it by). Real processes, this user's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 from raybatch import runs
@@ -18,6 +20,22 @@ def _start(run_id: str) -> subprocess.Popen:
     return subprocess.Popen(SLEEPER, env={**os.environ, runs.RUN_ENV: run_id})
 
 
+def _carrying_the_id(proc: subprocess.Popen, run_id: str) -> subprocess.Popen:
+    """`proc` once its environment shows `run_id`. A process that a run's process starts
+    inherits the id from the moment it forks; this one, started by the test with an
+    environment of its own, shows it only once it has exec'd (a loaded machine once took
+    longer than the kill's rescans between the two)."""
+    import psutil
+
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(proc.pid).environ().get(runs.RUN_ENV) == run_id:
+                return proc
+        time.sleep(0.01)
+    raise AssertionError(f"pid {proc.pid} never showed the run's id in its environment")
+
+
 def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkeypatch):
     run_id = uuid.uuid4().hex
     first, other = _start(run_id), _start(uuid.uuid4().hex)
@@ -27,7 +45,7 @@ def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkey
     def scan_then_spawn(rid: str) -> list:
         found = scan(rid)
         if not late:  # started after this scan, before the kill
-            late.append(_start(run_id))
+            late.append(_carrying_the_id(_start(run_id), run_id))
         return found
 
     monkeypatch.setattr(runs, "processes_of", scan_then_spawn)
