@@ -4,14 +4,13 @@ HAProxy behind, with no record left to find it by). Real processes, this user's 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 from raybatch import runs
+from tests.conftest import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -20,20 +19,14 @@ def _start(run_id: str) -> subprocess.Popen:
     return subprocess.Popen(SLEEPER, env={**os.environ, runs.RUN_ENV: run_id})
 
 
-def _carrying_the_id(proc: subprocess.Popen, run_id: str) -> subprocess.Popen:
-    """`proc` once its environment shows `run_id`. A process that a run's process starts
-    inherits the id from the moment it forks; this one, started by the test with an
-    environment of its own, shows it only once it has exec'd (a loaded machine once took
-    longer than the kill's rescans between the two)."""
-    import psutil
-
-    give_up = time.monotonic() + 30
-    while time.monotonic() < give_up:
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(proc.pid).environ().get(runs.RUN_ENV) == run_id:
-                return proc
-        time.sleep(0.01)
-    raise AssertionError(f"pid {proc.pid} never showed the run's id in its environment")
+def _carrying_the_id(proc: subprocess.Popen, run_id: str, scan) -> subprocess.Popen:
+    """`proc` once `scan` (`runs.processes_of`, unpatched) finds it. A process that a
+    run's process starts inherits the id from the moment it forks; this one, started by
+    the test with an environment of its own, shows it only once it has exec'd (a loaded
+    machine once took longer than the kill's rescans between the two)."""
+    wait_until(lambda: any(p.pid == proc.pid for p in scan(run_id)),
+               timeout_s=30, what=f"pid {proc.pid} to show the run's id in its environment")
+    return proc
 
 
 def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkeypatch):
@@ -45,7 +38,7 @@ def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkey
     def scan_then_spawn(rid: str) -> list:
         found = scan(rid)
         if not late:  # started after this scan, before the kill
-            late.append(_carrying_the_id(_start(run_id), run_id))
+            late.append(_carrying_the_id(_start(run_id), run_id, scan))
         return found
 
     monkeypatch.setattr(runs, "processes_of", scan_then_spawn)
