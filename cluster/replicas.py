@@ -140,7 +140,9 @@ class ReplicaConfig(BaseModel):
     open on a direct connection, after which its caller takes it for lost: a host that lost
     power or is cut off sends no FIN or RST. A replica so lost is stopped and replaced; its
     batches are sent once more to another replica where their requests' deadlines allow,
-    else fail with 503 and Retry-After (HTTP). Must exceed `link_ping_s`; raise it on a
+    else fail with 503 and Retry-After (HTTP). A batching actor is first asked about through
+    Ray (at most 5 s): one that answers (busy, or starved for CPU) keeps its connection, as
+    losing it would fail every request open on it. Must exceed `link_ping_s`; raise it on a
     network with long stalls. TCP keepalive on both ends is set from it too."""
 
     @model_validator(mode="after")

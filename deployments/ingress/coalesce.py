@@ -36,7 +36,9 @@ ended on purpose: `BatcherStopped`); the next bundle opens another. Where no con
 can be opened (another version's actor, a network between nodes that allows only Ray's
 ports) the bundles go as Ray calls, and opening is tried again a while later. The
 connection has a heartbeat (`deployments.wire.keepalive`): one that stops answering ends as one
-that closed, and asking Ray about the actor then is bounded (`ASK_RAY_S`).
+that closed, once Ray, asked (bounded: `ASK_RAY_S`), does not say the actor lives on:
+losing a batching actor fails every request open on it, so a busy or CPU-starved one that
+went quiet for `link_dead_s` keeps its connection.
 
 Every request with a deadline is answered by it, whatever the actor, its connection or
 Ray do: `hard_timeout(priority, timeout_s)` (the engine's own rule, from the route, on
@@ -72,6 +74,19 @@ log = logging.getLogger(__name__)
 _KILLED = "killed by `ray.kill`"
 LATE_ANSWER_S = 0.5  # past a request's deadline, its answer is given up on
 ASK_RAY_S = 5.0  # after a connection ended, how long Ray may take to say what became of it
+
+
+async def ask_ray(actor: Any) -> BaseException | None:
+    """What Ray says of a batching actor: None if it answers (it lives on), else the error
+    its call raised, or `TimeoutError` after `ASK_RAY_S` (bounded: a call to an actor cut
+    off from here waits until Ray gives up)."""
+    try:
+        await asyncio.wait_for(actor.ready.remote(), ASK_RAY_S)
+    except asyncio.TimeoutError:
+        return TimeoutError(f"Ray had no answer from the batching actor in {ASK_RAY_S:g} s")
+    except Exception as e:
+        return e
+    return None
 
 
 class BatcherStopped(WorkerDied):
@@ -111,7 +126,7 @@ class Coalescer:
         self.bundles_sent = 0
         self.cancels_sent = 0
         # the direct connection to the actor (batcher.link), once open
-        self._dialer = Dialer("the batching actor", keepalive) if link else None
+        self._dialer = Dialer("the batching actor", keepalive, ask=ask_ray) if link else None
         self._ray_keys: set[int] = set()  # open requests sent in Ray calls (with a link)
         self.linked_bundles = 0  # bundles sent on the connection
         self._hard = hard_timeout or (lambda priority, timeout_s: timeout_s)
@@ -255,16 +270,10 @@ class Coalescer:
         (dead, or ended on purpose), or with `e` if the actor lives on."""
         if self._dialer is not None and link is not None:
             self._dialer.drop(link)
-        actor = self._actor
-        try:  # bounded: a Ray call to an actor cut off from here waits until Ray gives up
-            if actor is not None:
-                await asyncio.wait_for(actor.ready.remote(), ASK_RAY_S)
-        except asyncio.TimeoutError:
-            pass
-        except Exception as died:
-            self._lost(bundle, died)
-            return
-        self._lost(bundle, e)
+        said = e.ray_said  # asked already, before the connection was taken for lost
+        if said is None and self._actor is not None:
+            said = await ask_ray(self._actor)
+        self._lost(bundle, e if said is None or isinstance(said, TimeoutError) else said)
 
     def _lost(self, bundle: list[Entry], e: BaseException) -> None:
         self._actor = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from batching.loop import detached_task
@@ -39,12 +39,13 @@ class Dialer:
     """A caller's connection to one actor (its `link_address`), opened in the background
     the first time it is wanted (`dial`); until it is open, or for `RETRY_S` after it could
     not be (said once in the log), the caller makes Ray calls. `keepalive` and `on_lost`:
-    each connection's (see `Link`)."""
+    each connection's (see `Link`); `ask(actor)`: its `confirm`, about the actor it is to."""
 
     def __init__(self, what: str, keepalive: Keepalive | None = None,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 ask: Callable[[Any], Awaitable[BaseException | None]] | None = None) -> None:
         self.what = what  # the actor, in the log
-        self.keepalive, self.on_lost = keepalive, on_lost
+        self.keepalive, self.on_lost, self.ask = keepalive, on_lost, ask
         self.link: Link | None = None
         self._opening: asyncio.Task | None = None
         self._retry_at = 0.0
@@ -86,7 +87,9 @@ class Dialer:
 
     async def _connect(self, actor: Any) -> Link:
         address = await actor.link_address.remote(node_id())
-        return await Link.open_to(*address, keepalive=self.keepalive, on_lost=self.on_lost)
+        ask = self.ask
+        return await Link.open_to(*address, keepalive=self.keepalive, on_lost=self.on_lost,
+                                  confirm=None if ask is None else lambda: ask(actor))
 
     def drop(self, link: Link) -> None:
         """`link` ended: forget it (not a newer one)."""

@@ -93,11 +93,13 @@ class Heartbeat:
             return Verdict.PING
         return Verdict.QUIET
 
-    def why(self, now: float) -> str:
+    def silence(self, now: float) -> str:
         return (f"nothing heard on the direct connection for {now - self.heard_s:.1f} s "
                 f"(replicas.link_dead_s={self.dead_s:g}"
-                f"{', a ping unanswered' if self.ping_sent_s is not None else ''}): the "
-                "other end is gone or cut off")
+                f"{', a ping unanswered' if self.ping_sent_s is not None else ''})")
+
+    def why(self, now: float) -> str:
+        return f"{self.silence(now)}: the other end is gone or cut off"
 
 
 def tcp_keepalive(sock: socket.socket | None, keepalive: Keepalive) -> None:

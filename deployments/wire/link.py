@@ -32,16 +32,19 @@ Ray (it holds the actor's handle) gets past the first bytes; a wrong token, none
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hmac
 import logging
 import pickle
 import secrets
 import struct
+import termios
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from batching.errors import WorkerDied
+from batching.loop import detached_task
 from deployments.wire.keepalive import DEFAULT, Heartbeat, Keepalive, Verdict, tcp_keepalive
 
 log = logging.getLogger(__name__)
@@ -54,7 +57,11 @@ MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past 
 
 
 class LinkLost(WorkerDied):
-    """The direct connection to an actor ended with this call open."""
+    """The direct connection to an actor ended with this call open. `ray_said`: when Ray was
+    asked about the actor before the connection was ended (`Link`'s `confirm`), its answer
+    (the error its call raised, or `TimeoutError`)."""
+
+    ray_said: BaseException | None = None
 
 
 def _frame(cid: int, kind: int, payload: bytes) -> bytes:
@@ -215,11 +222,14 @@ class Link(_Framing):
     """The caller's side: `call` returns a future of the actor's answer; `cancel` sends.
     With `keepalive`, a heartbeat (`deployments.wire.keepalive`) takes a peer that stopped
     answering for lost; `on_lost(why)` is told when the connection ends other than by
-    this side's `close` (the peer went away, or stopped answering)."""
+    this side's `close` (the peer went away, or stopped answering). `confirm()`: asked
+    before a silent peer is taken for lost, what Ray says of the actor: None (it lives:
+    the connection is kept, and `spared` counts it) or the error that says otherwise."""
 
     def __init__(self, keepalive: Keepalive | None = None,
                  on_lost: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 confirm: Callable[[], Awaitable[BaseException | None]] | None = None) -> None:
         super().__init__()
         self.open: dict[int, asyncio.Future] = {}
         self.next_id = 0
@@ -227,13 +237,18 @@ class Link(_Framing):
         self.keepalive, self.on_lost, self._clock = keepalive, on_lost, clock
         self.heartbeat: Heartbeat | None = None
         self._ticker: asyncio.TimerHandle | None = None
+        self.confirm = confirm
+        self._asking: asyncio.Task | None = None  # Ray being asked (confirm)
+        self.spared = 0  # silences Ray said were not a lost actor
 
     @classmethod
     async def open_to(cls, host: str, port: int, token: bytes,
                       keepalive: Keepalive | None = None,
-                      on_lost: Callable[[str], None] | None = None) -> Link:
+                      on_lost: Callable[[str], None] | None = None,
+                      confirm: Callable[[], Awaitable[BaseException | None]] | None = None,
+                      ) -> Link:
         _, link = await asyncio.get_running_loop().create_connection(
-            lambda: cls(keepalive, on_lost), host, port)
+            lambda: cls(keepalive, on_lost, confirm=confirm), host, port)
         link.transport.write(token)
         return link
 
@@ -262,8 +277,47 @@ class Link(_Framing):
                                        self.transport.get_write_buffer_size())
         if verdict is Verdict.PING:
             self.transport.write(_frame(0, PING, b""))
-        elif verdict is Verdict.LOST:
+        elif verdict is not Verdict.LOST:
+            return
+        elif self._unread():  # the peer spoke; this side's loop was late to read it
+            self.heartbeat.heard(now)
+        elif self.confirm is None:
             self.lose(LinkLost(self.heartbeat.why(now)))
+        elif self._asking is None:
+            self._asking = detached_task(self._ask(now))
+
+    async def _ask(self, since: float) -> None:
+        """The heartbeat took the peer for lost at `since`: end the connection only if Ray
+        does not say the actor lives on (or nothing was heard meanwhile)."""
+        silence, why = self.heartbeat.silence(since), self.heartbeat.why(since)
+        try:
+            said = await self.confirm()
+        except Exception as e:
+            said = e
+        finally:
+            self._asking = None
+        if self.closed:
+            return
+        now = self._clock()
+        if said is None or self.heartbeat.heard_s > since:
+            self.spared += 1
+            log.warning("%s, but Ray says the actor lives on (busy, or starved for CPU): "
+                        "the connection is kept", silence)
+            self.heartbeat.answered(now)
+            return
+        error = LinkLost(f"{why}; Ray said: {type(said).__name__}: {said}")
+        error.ray_said = said
+        self.lose(error)
+
+    def _unread(self) -> int:
+        """Bytes in this side's receive queue, not yet read."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None:
+            return 0
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        except (OSError, ValueError):  # closed, or not a socket this can ask
+            return 0
 
     def lose(self, error: LinkLost) -> None:
         """End the connection from this side because the peer stopped answering: every
