@@ -212,6 +212,14 @@ def _import_in_background(*modules: str) -> threading.Thread:
     return thread
 
 
+def patient_router() -> None:
+    """For a command that asks the ingress once (`status`): Serve's router gives a replica
+    0.1 s to say its queue length and logs a WARNING each time one is slower, as an
+    ingress busy with load often is; such a caller can wait 1 s, and says nothing. Set
+    before Ray Serve is imported (its constants are read then); an explicit setting wins."""
+    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
+
+
 def _quiet_token_auth_notice() -> None:
     """Ray turns token authentication on for every new local cluster and logs a WARNING
     saying so at each start; it is not a problem (the welcome says where the token is),
@@ -383,6 +391,7 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
+    patient_router()
     if args.watch:
         from raybatch.watch import run
 
