@@ -3,9 +3,12 @@
 `serveConfigV2` is `cluster.render.serve_config` of the config, with one change:
 the ingress listens on every interface (inside a pod, 127.0.0.1 would reach no one;
 the pod network is the boundary). Whatever `raybatch build` learns, the manifests
-follow. Serve settings that the build puts in an application's environment
-(`RAY_SERVE_*`) are also set on every Ray container: Serve's controller and proxies
-read them when their processes start, not from the application.
+follow. Every Ray container gets Serve's settings in its environment, as `raybatch up`
+and `raybatch join` give every node (`cluster.render.serve_environment`: throughput
+mode, direct ingress, HAProxy on the Serve port, which answers KubeRay's `/-/healthz`
+probes too, and the proxy's ready check), and any `RAY_SERVE_*` the build puts in an
+application's environment: Serve's controller and proxies read them when their processes
+start, not from the application.
 
 The head runs no replica (`num-cpus: "0"`); worker groups come from
 `cluster.k8s.sizing`, their pods from `cluster.k8s.pods`. KubeRay's autoscaler (v2)
@@ -26,7 +29,7 @@ from cluster.k8s import pods
 from cluster.k8s.settings import KubernetesConfig
 from cluster.k8s.sizing import GroupPlan, plan_groups
 from cluster.raynode import autoscale_labels
-from cluster.render import serve_config
+from cluster.render import serve_config, serve_environment
 
 SERVE_ENV_PREFIX = "RAY_SERVE_"
 ALL_INTERFACES = "0.0.0.0"
@@ -56,7 +59,7 @@ def rayservice(config: RaybatchConfig, k8s: KubernetesConfig, *, name: str, imag
                gpu_image: str, labels: Mapping[str, str], namespace: str | None = None,
                ) -> dict[str, Any]:
     serve = pod_serve_config(config)
-    env = serve_process_env(serve)
+    env = {**serve_environment(config), **serve_process_env(serve)}
     plans = plan_groups(config, k8s)
     metadata: dict[str, Any] = {"name": name, "labels": dict(labels)}
     if namespace:

@@ -70,6 +70,17 @@ def test_serve_config_is_what_raybatch_build_renders_listening_on_the_pod(which,
     assert inline.models == config.models and inline.kubernetes == config.kubernetes
 
 
+def test_every_ray_container_gets_serves_settings_as_raybatch_up_gives_every_node(demo):
+    from cluster.render import serve_environment
+
+    wanted = serve_environment(demo)
+    assert wanted["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    spec = service_of(demo)["spec"]["rayClusterConfig"]
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        env = {e["name"]: e["value"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert {k: env.get(k) for k in wanted} == wanted, group.get("groupName", "head")
+
+
 def test_serve_settings_of_the_build_reach_every_ray_process(monkeypatch, demo):
     def build(config):
         out = serve_config(config)
