@@ -213,10 +213,8 @@ def _import_in_background(*modules: str) -> threading.Thread:
 
 
 def patient_router() -> None:
-    """For a command that asks the ingress once (`status`): Serve's router gives a replica
-    0.1 s to say its queue length and logs a WARNING each time one is slower, as an
-    ingress busy with load often is; such a caller can wait 1 s, and says nothing. Set
-    before Ray Serve is imported (its constants are read then); an explicit setting wins."""
+    """`status` asks the ingress once: it can give it 1 s, not Serve's 0.1 s (and a WARNING
+    each time a loaded ingress is slower), to say its queue length. Before Serve's import."""
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
 
 
