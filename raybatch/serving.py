@@ -105,7 +105,7 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve  # imported by now (else here, raising what the import raises)
 
     from deployments.app import build_app
-    from raybatch.startup import deploy
+    from raybatch.startup import deploy, deploy_error
 
     if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
         stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
@@ -226,15 +226,6 @@ def _quiet_token_auth_notice() -> None:
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
         lambda record: "Token authentication is enabled" not in record.getMessage())
-
-
-def deploy_error(text: str) -> str:
-    """The reason in a Serve deploy failure: Raybatch's own error line when it has one
-    (a replica that cannot build its model or does not fit its tensors), else the text."""
-    marks = ("ReplicaSetupError: ", "ConfigError: ")
-    lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in marks
-             if mark in line]
-    return lines[-1] if lines else text
 
 
 def serve_environment_here(config: Any, local: bool = True) -> dict[str, str]:

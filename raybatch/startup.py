@@ -57,7 +57,8 @@ class Stopper:
 
 def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
     """Start deploying `app`, show what is pending until it runs; returns "running",
-    "stopped" (Ctrl-C) or the reason it failed (Serve's messages)."""
+    "stopped" (Ctrl-C) or the reason it failed (Serve's messages): at Serve's DEPLOY_FAILED,
+    or at the first of Raybatch's own deploy errors (`DEPLOY_ERRORS`)."""
     from ray import serve
     from ray.serve.api import _run  # serve.run without waiting for the app to run
 
@@ -71,13 +72,39 @@ def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
         if status == "RUNNING":
             view.done(f"deployed in {time.monotonic() - started:.1f} s")
             return "running"
-        if status == "DEPLOY_FAILED":  # as serve.run: an unhealthy replica is replaced
+        failed = failure(state, status)
+        if failed is not None:
             view.done("")
-            messages = [state.message, *(d.message for d in state.deployments.values())]
-            return "\n".join(m for m in messages if m) or status
+            return failed
         view.show(time.monotonic() - started, pending_lines(state))
     view.done("")
     return "stopped"
+
+
+# Raybatch's own deploy errors: a replica that cannot build its model or does not fit its
+# tensors, a config refused. The same code and config fail the same way again, so `up`
+# says so at the first, where Serve would start the replica twice more first.
+DEPLOY_ERRORS = ("ReplicaSetupError: ", "ConfigError: ")
+
+
+def failure(state: Any, status: str) -> str | None:
+    """Serve's messages once a deploy in `status` has failed (DEPLOY_FAILED, or one of
+    `DEPLOY_ERRORS` while Serve still retries); None while it may yet run. As `serve.run`,
+    an unhealthy replica is not a failure: it is replaced."""
+    messages = [getattr(state, "message", "") or "",
+                *(d.message or "" for d in (getattr(state, "deployments", None) or {}).values())]
+    ours = any(mark in m for m in messages for mark in DEPLOY_ERRORS)
+    if status == "DEPLOY_FAILED" or ours:
+        return "\n".join(m for m in messages if m) or status
+    return None
+
+
+def deploy_error(text: str) -> str:
+    """The reason in a Serve deploy failure: Raybatch's own error line when it has one
+    (a replica that cannot build its model or does not fit its tensors), else the text."""
+    lines = [line.split(mark, 1)[1] for line in text.splitlines() for mark in DEPLOY_ERRORS
+             if mark in line]
+    return lines[-1] if lines else text
 
 
 def pending_lines(app_state: Any) -> list[str]:

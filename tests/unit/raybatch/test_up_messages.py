@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 from cluster.config import TensorConfig
-from raybatch.serving import _example_input, deploy_error
+from raybatch.serving import _example_input
+from raybatch.startup import deploy_error, failure
 
 
 def test_a_failed_deploy_shows_raybatchs_own_reason_not_the_traceback():
@@ -17,6 +18,24 @@ def test_a_failed_deploy_shows_raybatchs_own_reason_not_the_traceback():
             "X does not match\n")
     assert deploy_error(text) == "model 'm': replica-0 cannot serve: X does not match"
     assert deploy_error("something else broke") == "something else broke"
+
+
+def test_up_fails_at_the_first_of_its_own_deploy_errors_not_after_serves_retries():
+    from types import SimpleNamespace as NS
+
+    retrying = ("A replica failed to start with exception. Retrying 2 more time(s). Error:\n"
+                "ray.exceptions.RayTaskError(ReplicaSetupError): ...\n"
+                "deployments.replica.actor.ReplicaSetupError: model 'm': replica-0 cannot "
+                "serve: X does not match\n")
+    state = NS(message="", deployments={"Ingress": NS(message=retrying)})
+    assert deploy_error(failure(state, "DEPLOYING")) == (
+        "model 'm': replica-0 cannot serve: X does not match")
+    # anything else Serve retries (a node lost while starting) may yet run
+    other = NS(message="", deployments={"Ingress": NS(message=retrying.replace(
+        "ReplicaSetupError", "ActorDiedError"))})
+    assert failure(other, "DEPLOYING") is None
+    assert failure(NS(message="", deployments={"Ingress": NS(message=None)}), "DEPLOYING") is None
+    assert failure(NS(message="gave up", deployments={}), "DEPLOY_FAILED") == "gave up"
 
 
 def test_the_example_request_fits_every_input():
