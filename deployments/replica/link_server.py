@@ -13,8 +13,9 @@ Pings: while its reader runs a batch inline, a connection cannot read the caller
 pings, so a pulse thread (one per server, waking every `ping_s / 2`) writes a PONG on each
 connection busy with a batch: the caller's heartbeat hears it as alive however long a
 batch runs, and a host that dies or is cut off stops the pulses with everything else.
-Frames, token, limits and answers are `deployments.wire.link`'s; writes are whole frames under
-the connection's lock.
+Frames, token, limits and answers are `deployments.wire.link`'s (large tensors out of band:
+`deployments.wire.codec`, a frame's parts written with one `sendmsg`, and an array read
+made over the frame's own buffer); writes are whole frames under the connection's lock.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from batching.errors import WorkerDied
+from deployments.wire.codec import KIND, OOB, decode, encode
 from deployments.wire.keepalive import DEFAULT, Keepalive, tcp_keepalive
 from deployments.wire.link import (
     CANCEL,
@@ -63,17 +65,20 @@ class _Served:
         self.closed = False
         self.buf = bytearray()
 
-    def send(self, cid: int, kind: int, payload: bytes) -> None:
-        """One frame, whole, or nothing once the connection has ended."""
-        head = HEAD.pack(len(payload), cid, kind)
+    def send(self, cid: int, kind: int, *parts: bytes | memoryview) -> None:
+        """One frame of `parts`, whole, or nothing once the connection has ended."""
+        views = [memoryview(HEAD.pack(sum(len(p) for p in parts), cid, kind)),
+                 *(memoryview(p) for p in parts if len(p))]
         with self.write_lock:
             if self.closed:
                 return
             try:
-                sent = self.sock.sendmsg([head, payload]) if payload else self.sock.send(head)
-                whole = len(head) + len(payload)
-                if sent < whole:  # a short write: the rest, still under the lock
-                    self.sock.sendall((head + payload)[sent:])
+                while views:  # a short write: the rest, still under the lock
+                    sent = self.sock.sendmsg(views)
+                    while views and sent >= len(views[0]):
+                        sent -= len(views.pop(0))
+                    if views:
+                        views[0] = views[0][sent:]
             except OSError:
                 self.close()
 
@@ -97,11 +102,11 @@ class _Served:
             raise _Gone
         self.buf += data
 
-    def _exactly(self, n: int) -> bytes | bytearray:
+    def _exactly(self, n: int) -> bytearray:
         """The next `n` bytes: from the buffer, then straight off the socket."""
         buf = self.buf
         if len(buf) >= n:
-            out = bytes(buf[:n])
+            out = buf[:n]  # one copy, writable: arrays decoded from it are made over it
             del buf[:n]
             return out
         out = bytearray(n)
@@ -144,8 +149,9 @@ class _Served:
                 return
             del self.buf[:HEAD.size]
             payload = self._exactly(n)
+            oob, kind = kind & OOB, kind & KIND
             if kind == PING:
-                self.send(cid, PONG, b"")
+                self.send(cid, PONG)
             elif kind == CANCEL:
                 pass  # a batch sent to a replica runs: its caller drops what it gave up on
             elif kind != INFER:
@@ -153,21 +159,21 @@ class _Served:
             elif server.pool is None:
                 self.busy = True
                 try:
-                    answer = server.run(payload)
+                    kind, parts = server.run(payload, oob)
                 finally:
                     self.busy = False
-                if answer[0] is None:
+                if kind is None:
                     return
-                self.send(cid, *answer)
+                self.send(cid, kind, *parts)
             else:
-                server.pool.submit(self._run_on_pool, cid, payload)
+                server.pool.submit(self._run_on_pool, cid, payload, oob)
 
-    def _run_on_pool(self, cid: int, payload: bytes) -> None:
-        kind, data = self.server.run(payload)
+    def _run_on_pool(self, cid: int, payload: bytearray, oob: int) -> None:
+        kind, parts = self.server.run(payload, oob)
         if kind is None:
             self.close()
         else:
-            self.send(cid, kind, data)
+            self.send(cid, kind, *parts)
 
 
 class ThreadedLinkServer:
@@ -205,9 +211,9 @@ class ThreadedLinkServer:
                 self._pulse.start()
         return host, sock.getsockname()[1], self.token
 
-    def run(self, payload: bytes) -> tuple[int | None, bytes]:
+    def run(self, payload: bytearray, oob: int = 0) -> tuple[int | None, list[Any]]:
         self.calls += 1
-        return run_frame(self.fn, payload)
+        return run_frame(self.fn, payload, oob)
 
     def close(self) -> None:
         """Stop listening and end every connection (as the actor's death would)."""
@@ -262,27 +268,30 @@ class ThreadedLinkServer:
             with self.lock:
                 busy = [c for c in self.connections if c.busy]
             for conn in busy:
-                conn.send(0, PONG, b"")
+                conn.send(0, PONG)
 
 
-def run_frame(fn: Callable[..., Any], payload: bytes) -> tuple[int | None, bytes]:
-    """A call's arguments from `payload`, `fn(*args)`, and its answer as
-    (REPLY or ERROR, pickled); (None, b"") for a frame that is not a call's arguments."""
+def run_frame(fn: Callable[..., Any], payload: bytes | bytearray,
+              oob: int = 0) -> tuple[int | None, list[Any]]:
+    """A call's arguments from `payload` (`oob`: its frame's kind had `OOB`), `fn(*args)`,
+    and its answer as (REPLY or ERROR, with `OOB` where it has out-of-band buffers; the
+    payload's parts); (None, []) for a frame that is not a call's arguments."""
     try:
-        args = pickle.loads(payload)
+        args = decode(payload, oob)
     except Exception:
         log.exception("an unreadable frame on a direct connection; closing it")
-        return None, b""
+        return None, []
     if type(args) is not tuple:
-        return None, b""
+        return None, []
     try:
         value, kind = fn(*args), REPLY
     except BaseException as e:  # the call's error, sent back as a Ray call's would be
         value, kind = e, ERROR
     try:
-        return kind, pickle.dumps(value, protocol=5)
+        flag, parts = encode(value)
+        return kind | flag, parts
     except Exception as e:  # an answer that does not pickle: the call's error says so
-        return ERROR, pickle.dumps(WorkerDied(f"the answer could not be sent back: {e!r}"))
+        return ERROR, [pickle.dumps(WorkerDied(f"the answer could not be sent back: {e!r}"))]
 
 
 __all__ = ["ThreadedLinkServer"]

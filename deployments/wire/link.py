@@ -7,7 +7,8 @@ Why: one awaited Ray actor call costs far more CPU, the caller's and the actor's
 frame on a socket (`benchmarks.serve.ray_call`, `benchmarks.serve.transports`), and the
 batching-actor path makes two a batch. What goes on it is what the Ray
 call carried (`BatcherActor.infer`'s or `ModelReplica.run`'s arguments and answer,
-pickled, protocol 5), and the actor runs the very same method; everything else
+pickled, protocol 5, its large tensors out of band: `deployments.wire.codec`), and the actor
+runs the very same method; everything else
 (readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked
 (`link_address`, a Ray call, which also hands out a random token): on 127.0.0.1 for a
 caller on its own node, on the node's address for one from another node. The caller
@@ -45,6 +46,7 @@ from typing import Any
 
 from batching.errors import WorkerDied
 from batching.loop import detached_task
+from deployments.wire.codec import KIND, OOB, decode, encode
 from deployments.wire.keepalive import DEFAULT, Heartbeat, Keepalive, Verdict, tcp_keepalive
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,17 @@ class LinkLost(WorkerDied):
 
 def _frame(cid: int, kind: int, payload: bytes) -> bytes:
     return HEAD.pack(len(payload), cid, kind) + payload
+
+
+def _write(transport: Any, cid: int, kind: int, value: Any) -> None:
+    """`value` as one frame of `kind` (pickled, its large tensors out of band, written as
+    they lie: `writelines` of the parts)."""
+    flag, parts = encode(value)
+    head = HEAD.pack(sum(len(p) for p in parts), cid, kind | flag)
+    if len(parts) == 1:
+        transport.write(head + parts[0])
+    else:
+        transport.writelines([head + parts[0], *parts[1:]])
 
 
 class _Framing(asyncio.Protocol):
@@ -102,7 +115,7 @@ class _Framing(asyncio.Protocol):
                 return
             if len(buf) - at - HEAD.size < n:
                 break
-            payload = bytes(buf[at + HEAD.size:at + HEAD.size + n])
+            payload = buf[at + HEAD.size:at + HEAD.size + n]  # one copy, writable
             at += HEAD.size + n
             self.frame(cid, kind, payload)
             if self.transport.is_closing():  # that frame ended it: read no further
@@ -139,7 +152,7 @@ class _Served(_Framing):
             self.transport.write(_frame(cid, PONG, b""))
             return
         try:
-            args = pickle.loads(payload)
+            args = decode(payload, kind & OOB)
         except Exception:
             log.exception("an unreadable frame on a direct connection; closing it")
             self.transport.abort()
@@ -148,9 +161,9 @@ class _Served(_Framing):
             log.warning("a frame of %s on a direct connection; closing it", type(args).__name__)
             self.transport.abort()
             return
-        if kind == INFER:
+        if kind & KIND == INFER:
             self._start(cid, self.server.infer(*args))
-        elif kind == CANCEL:
+        elif kind & KIND == CANCEL:
             task = asyncio.get_running_loop().create_task(self.server.cancel(*args))
             self.cancels.add(task)
             task.add_done_callback(self.cancels.discard)
@@ -167,12 +180,13 @@ class _Served(_Framing):
             return
         error = task.exception()
         try:
-            frame = (_frame(cid, REPLY, pickle.dumps(task.result(), protocol=5))
-                     if error is None else _frame(cid, ERROR, pickle.dumps(error, protocol=5)))
+            if error is None:
+                _write(self.transport, cid, REPLY, task.result())
+            else:
+                _write(self.transport, cid, ERROR, error)
         except Exception as e:  # an answer that does not pickle: the call's error says so
-            frame = _frame(cid, ERROR, pickle.dumps(
-                WorkerDied(f"the answer could not be sent back: {e!r}")))
-        self.transport.write(frame)
+            self.transport.write(_frame(cid, ERROR, pickle.dumps(
+                WorkerDied(f"the answer could not be sent back: {e!r}"))))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.no_token is not None:
@@ -340,7 +354,7 @@ class Link(_Framing):
             return fut
         self.next_id += 1
         self.open[self.next_id] = fut
-        self.transport.write(_frame(self.next_id, INFER, pickle.dumps(args, protocol=5)))
+        _write(self.transport, self.next_id, INFER, args)
         return fut
 
     def cancel(self, caller: str, keys: list[Any], *more: Any) -> None:
@@ -358,11 +372,11 @@ class Link(_Framing):
         if fut is None or fut.done():
             return
         try:
-            value = pickle.loads(payload)
+            value = decode(payload, kind & OOB)
         except Exception as e:
             fut.set_exception(LinkLost(f"an unreadable answer: {e!r}"))
             return
-        if kind == REPLY:
+        if kind & KIND == REPLY:
             fut.set_result(value)
         else:
             fut.set_exception(value if isinstance(value, BaseException) else LinkLost(

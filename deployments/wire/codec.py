@@ -1,0 +1,80 @@
+"""How a call's arguments and answer go into a direct connection's frame
+(`deployments.wire.link`): pickle protocol 5, with large tensors out of band.
+
+Why: pickled in band, a batch's arrays are copied into the pickle on the way out and out
+of it on the way in, besides the kernel's copies; a 4 MiB batch spent more time in those
+copies (and the page faults of their fresh buffers) than on the wire
+(`benchmarks.serve.channels`). Out of band, each contiguous buffer of at least
+`OOB_MIN_BYTES` (a numpy array's data) is left out of the pickle and written as it lies
+in memory, after it, in the same frame (`sendmsg` of the parts: no join); the receiver
+hands `pickle.loads` views of the frame it read, so each array is made over the received
+bytes without a copy. Smaller buffers stay in band: one part, as before.
+
+An out-of-band frame's kind carries `OOB`; its payload is
+`[buffers u32][pickle length u32][each buffer's length u64]...[pickle][buffer]...`.
+Arrays decoded from a read-only frame (a `bytes`) are copied into writable memory first:
+a model may write to its inputs, as it could to what `pickle.loads` made in band.
+A payload whose lengths do not add up is refused (`ValueError`), never read past.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+OOB = 0x80  # in a frame's kind: the payload carries out-of-band buffers
+KIND = 0x7F  # the kind itself
+OOB_MIN_BYTES = 16 * 1024  # a smaller buffer is copied into the pickle: one part
+_COUNTS = struct.Struct("<II")  # buffers, pickle length
+
+
+def encode(value: Any) -> tuple[int, list[bytes | memoryview]]:
+    """(`OOB` or 0, the payload's parts) of `value`."""
+    buffers: list[memoryview] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: in band
+            return True
+        if raw.nbytes < OOB_MIN_BYTES:
+            return True
+        buffers.append(raw)
+        return False
+
+    main = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    if not buffers:
+        return 0, [main]
+    lengths = struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))
+    return OOB, [_COUNTS.pack(len(buffers), len(main)) + lengths, main, *buffers]
+
+
+def encoded(value: Any) -> tuple[int, bytes]:
+    """(`OOB` or 0, the payload as one bytes): where one write of a joined frame is wanted."""
+    flag, parts = encode(value)
+    return flag, parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def decode(payload: bytes | bytearray | memoryview, oob: int) -> Any:
+    """The value in `payload` (`oob`: the frame's kind had `OOB`)."""
+    if not oob:
+        return pickle.loads(payload)
+    view = memoryview(payload)
+    if view.nbytes < _COUNTS.size:
+        raise ValueError("an out-of-band frame shorter than its counts")
+    count, main_len = _COUNTS.unpack_from(view)
+    at = _COUNTS.size + 8 * count
+    if at > view.nbytes:
+        raise ValueError(f"an out-of-band frame of {view.nbytes} bytes says {count} buffers")
+    lengths = struct.unpack_from(f"<{count}Q", view, _COUNTS.size)
+    if at + main_len + sum(lengths) != view.nbytes:
+        raise ValueError("an out-of-band frame whose lengths do not add up to its size")
+    main = view[at:at + main_len]
+    at += main_len
+    buffers = []
+    for n in lengths:
+        part = view[at:at + n]
+        buffers.append(bytearray(part) if view.readonly else part)
+        at += n
+    return pickle.loads(main, buffers=buffers)

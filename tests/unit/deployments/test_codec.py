@@ -1,0 +1,187 @@
+"""Large tensors out of band on a direct connection (`deployments.wire.codec`): what goes
+in band and what does not, arrays made over the received frame without a copy and
+writable, hostile payloads refused (a fixed seed); and over real sockets, a batch of
+large arrays to each kind of actor side (the batching actor's asyncio `LinkServer`, the
+replica's `ThreadedLinkServer`) and back, the model writing to its inputs in place."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from deployments.replica.link_server import ThreadedLinkServer
+from deployments.wire.codec import KIND, OOB, OOB_MIN_BYTES, decode, encode
+from deployments.wire.link import HEAD, INFER, REPLY, Link, LinkServer
+
+
+def run(coro, timeout_s: float = 30.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def joined(value) -> tuple[int, bytearray]:
+    flag, parts = encode(value)
+    return flag, bytearray(b"".join(parts))
+
+
+def test_small_values_stay_one_in_band_part_as_before():
+    value = {"x": np.arange(16, dtype=np.float32), "keys": [1, 2, 3]}
+    flag, parts = encode(value)
+    assert flag == 0 and len(parts) == 1 and pickle.loads(parts[0])["keys"] == [1, 2, 3]
+    assert decode(parts[0], 0)["x"].tolist() == list(range(16))
+
+
+def test_large_arrays_go_out_of_band_and_come_back_over_the_frame_without_a_copy():
+    big = np.arange(64 * 1024, dtype=np.float32).reshape(256, 256)
+    value = ("batch", [big, np.ones(8, np.int64)], {"b": big[:128]})
+    flag, parts = encode(value)
+    assert flag == OOB and len(parts) == 2 + 2  # counts+lengths, pickle, two buffers
+    assert parts[2].nbytes == big.nbytes  # the array as it lies, not a copy of it
+    _, frame = joined(value)
+    out = decode(frame, OOB)
+    assert out[0] == "batch" and np.array_equal(out[1][0], big)
+    assert np.array_equal(out[2]["b"], big[:128]) and out[1][1].tolist() == [1] * 8
+    assert np.shares_memory(out[1][0], np.frombuffer(frame, np.uint8))  # made over the frame
+    out[1][0][0, 0] = -1.0  # writable, as an in-band array is
+    assert frame != joined(value)[1]
+
+
+def test_a_read_only_frame_gives_writable_arrays():
+    big = np.ones(OOB_MIN_BYTES, np.uint8)
+    _, frame = joined([big])
+    (out,) = decode(bytes(frame), OOB)
+    out[0] = 7
+    assert out.flags.writeable and out.sum() == big.sum() + 6
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.asfortranarray(np.arange(40000, dtype=np.float64).reshape(200, 200)),
+    lambda: np.arange(80000, dtype=np.float64)[::2],  # not contiguous: numpy pickles a copy
+    lambda: np.zeros((0, 4096), np.float32),
+    lambda: np.array(["a" * 5000, "b"], dtype=object),
+])
+def test_every_layout_comes_back_equal(make):
+    value = make()
+    flag, frame = joined(value)
+    out = decode(frame, flag)
+    assert out.dtype == value.dtype and out.shape == value.shape
+    assert np.array_equal(out, value)
+    if value.flags.c_contiguous or value.flags.f_contiguous:  # else a copy, made contiguous
+        assert out.flags.f_contiguous == value.flags.f_contiguous
+
+
+def test_a_payload_whose_lengths_do_not_add_up_is_refused():
+    _, frame = joined([np.ones(OOB_MIN_BYTES, np.uint8)])
+    cases = {
+        "short": frame[:5],
+        "one byte more": frame + b"x",
+        "one byte less": frame[:-1],
+        "a huge count": struct.pack("<II", 1 << 31, 0) + frame[8:],
+        "a huge length": frame[:8] + struct.pack("<Q", 1 << 62) + frame[16:],
+    }
+    for name, payload in cases.items():
+        with pytest.raises(ValueError):
+            decode(payload, OOB)
+        assert name
+
+
+def test_random_out_of_band_payloads_raise_and_never_hang():
+    rng = random.Random(11)
+    _, good = joined([np.arange(OOB_MIN_BYTES, dtype=np.uint8), "tail"])
+    for _ in range(2000):
+        payload = bytearray(good)
+        for _ in range(rng.randint(1, 8)):  # flip, cut or grow a few bytes
+            what = rng.random()
+            at = rng.randrange(len(payload))
+            if what < 0.6:
+                payload[at] = rng.randrange(256)
+            elif what < 0.8:
+                del payload[at:at + rng.randint(1, 64)]
+            else:
+                payload[at:at] = rng.randbytes(rng.randint(1, 64))
+        try:
+            decode(payload, OOB)
+        except Exception:  # any error: the connection is then closed
+            pass
+
+
+# -- over real sockets ----------------------------------------------------------------
+def _inplace(batch: list[np.ndarray]) -> list[np.ndarray]:
+    """A model that writes to its inputs: each array times 10, in place."""
+    for x in batch:
+        x *= 10
+    return batch
+
+
+def test_a_batch_of_large_arrays_to_a_replica_and_back():
+    server = ThreadedLinkServer(_inplace, workers=1)
+    host, port, token = server.address("127.0.0.1")
+    arrays = [np.full((512, 256), i, np.float32) for i in range(3)]  # 512 KiB each
+
+    async def main():
+        link = await Link.open_to(host, port, token)
+        out = await link.call(arrays)
+        small = await link.call([np.ones(4, np.float32)])
+        link.close()
+        return out, small
+
+    try:
+        out, small = run(main())
+    finally:
+        server.close()
+    assert [float(x[0, 0]) for x in out] == [0.0, 10.0, 20.0] and small[0].tolist() == [10.0] * 4
+    assert all(x.shape == (512, 256) for x in out) and arrays[1][0, 0] == 1.0  # sent, not lent
+
+
+def test_a_bundle_of_large_arrays_to_a_batching_actor_and_back():
+    seen = []
+
+    async def infer(bundle, caller=None, sent=None):
+        seen.append(all(x.flags.writeable for x in bundle))
+        return _inplace(bundle)
+
+    async def cancel(*args):
+        return 0
+
+    async def main():
+        server = LinkServer(infer, cancel)
+        host, port, token = await server.address("127.0.0.1")
+        link = await Link.open_to(host, port, token)
+        out = await asyncio.gather(*(link.call([np.full(20000, i, np.float64)], "c", None)
+                                     for i in range(4)))
+        link.close()
+        server.close()
+        return out
+
+    out = run(main())
+    assert [float(o[0][0]) for o in out] == [0.0, 10.0, 20.0, 30.0] and all(seen)
+
+
+def test_a_hand_made_out_of_band_frame_is_read_by_the_replica_side():
+    """The frame layout, byte for byte, as `deployments.wire.codec` documents it."""
+    import socket
+
+    server = ThreadedLinkServer(lambda xs: [x + 1 for x in xs], workers=1)
+    host, port, token = server.address("127.0.0.1")
+    data = np.arange(OOB_MIN_BYTES // 4, dtype=np.float32)
+    main = pickle.dumps(([data],), protocol=5, buffer_callback=lambda b: False)
+    payload = struct.pack("<IIQ", 1, len(main), data.nbytes) + main + data.tobytes()
+    try:
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(token + HEAD.pack(len(payload), 5, INFER | OOB) + payload)
+            head = b""
+            while len(head) < HEAD.size:
+                head += sock.recv(HEAD.size - len(head))
+            n, cid, kind = HEAD.unpack(head)
+            body = bytearray()
+            while len(body) < n:
+                body += sock.recv(n - len(body))
+    finally:
+        server.close()
+    assert cid == 5 and kind & KIND == REPLY and kind & OOB
+    (out,) = decode(body, kind & OOB)
+    assert np.array_equal(out, data + 1)
