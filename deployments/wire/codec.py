@@ -12,6 +12,10 @@ bytes without a copy. Smaller buffers stay in band: one part, as before.
 
 An out-of-band frame's kind carries `OOB`; its payload is
 `[buffers u32][pickle length u32][each buffer's length u64]...[pickle][buffer]...`.
+An array is written as it lies, possibly after `encode` has returned (an event loop's
+transport writes what the socket did not take at once), so what is sent is never changed
+after: the engine sends requests' arrays it only reads, a replica the arrays its model
+returned (a model that changes an array it returned would race with in-band pickling too).
 Arrays decoded from a read-only frame (a `bytes`) are copied into writable memory first:
 a model may write to its inputs, as it could to what `pickle.loads` made in band.
 A payload whose lengths do not add up is refused (`ValueError`), never read past.
