@@ -56,6 +56,8 @@ INFER, CANCEL, REPLY, ERROR, PING, PONG = 1, 2, 3, 4, 5, 6
 TOKEN_BYTES = 16
 TOKEN_WAIT_S = 5.0  # a connection that has not sent the token by then is closed
 MAX_FRAME = 1 << 30  # a bundle of a batch of large tensors fits; a length past it is garbage
+READ_BYTES = 1 << 18  # one read at most, into a connection's scratch buffer
+BIG_FRAME = 1 << 17  # a frame with a payload this large is read into a buffer of its own
 
 
 class LinkLost(WorkerDied):
@@ -81,19 +83,41 @@ def _write(transport: Any, cid: int, kind: int, value: Any) -> None:
         transport.writelines([head + parts[0], *parts[1:]])
 
 
-class _Framing(asyncio.Protocol):
-    """Reads frames off a stream; `frame(cid, kind, payload)` gets each."""
+class _Framing(asyncio.BufferedProtocol):
+    """Reads frames off a stream; `frame(cid, kind, payload)` gets each. The loop reads
+    into this side's buffer (`get_buffer`): small frames into a scratch buffer, whence
+    they are parsed as `data_received`; once the head of a frame of `BIG_FRAME` bytes or
+    more has come, the rest of its payload is read straight into a buffer of its own, which
+    becomes the payload (no copy: its arrays are made over it, `deployments.wire.codec`)."""
 
     transport: asyncio.Transport | None = None
     need_token: bytes | None = None  # the server: these bytes first, or the end
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self._scratch = memoryview(bytearray(READ_BYTES))
+        self._big: bytearray | None = None  # a large frame's payload, being read into
+        self._big_have = 0
+        self._big_head = (0, 0)  # its call id and kind
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._big is not None:
+            return memoryview(self._big)[self._big_have:]
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big is None:
+            self.data_received(self._scratch[:nbytes])
+            return
+        self._big_have += nbytes
+        if self._big_have == len(self._big):
+            payload, self._big = self._big, None
+            self.frame(*self._big_head, payload)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         buf = self.buf
         buf += data
         if self.need_token is not None:
@@ -114,6 +138,12 @@ class _Framing(asyncio.Protocol):
                 self.transport.abort()
                 return
             if len(buf) - at - HEAD.size < n:
+                if n >= BIG_FRAME:  # the rest of it straight into a buffer of its own
+                    self._big = bytearray(n)
+                    have = self._big_have = len(buf) - at - HEAD.size
+                    self._big[:have] = memoryview(buf)[at + HEAD.size:]
+                    self._big_head = (cid, kind)
+                    at = len(buf)
                 break
             payload = buf[at + HEAD.size:at + HEAD.size + n]  # one copy, writable
             at += HEAD.size + n
@@ -273,7 +303,12 @@ class Link(_Framing):
             self.heartbeat = Heartbeat(self.keepalive, self._clock())
             self._tick()
 
-    def data_received(self, data: bytes) -> None:
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.heard_s = self._clock()
+        super().buffer_updated(nbytes)
+
+    def data_received(self, data: bytes | memoryview) -> None:
         if self.heartbeat is not None:
             self.heartbeat.heard_s = self._clock()
         super().data_received(data)

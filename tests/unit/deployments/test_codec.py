@@ -185,3 +185,38 @@ def test_a_hand_made_out_of_band_frame_is_read_by_the_replica_side():
     assert cid == 5 and kind & KIND == REPLY and kind & OOB
     (out,) = decode(body, kind & OOB)
     assert np.array_equal(out, data + 1)
+
+
+def test_frames_read_in_pieces_of_any_size_come_whole_big_or_small():
+    """The loop's reads end anywhere: in a head, in a small payload, in a large one (read
+    into a buffer of its own). Every frame comes whole, in order, for 20 random cuts."""
+    from deployments.wire.link import BIG_FRAME, _frame, _Framing
+
+    class Catch(_Framing):
+        def __init__(self) -> None:
+            super().__init__()
+            self.got: list[tuple[int, int, bytes]] = []
+
+        def frame(self, cid, kind, payload):
+            self.got.append((cid, kind, bytes(payload)))
+
+    class Open:
+        def is_closing(self) -> bool:
+            return False
+
+    rng = random.Random(5)
+    sizes = [0, 10, BIG_FRAME - 1, BIG_FRAME, 3, BIG_FRAME + 1, 1 << 20, 7, 2 * BIG_FRAME]
+    frames = [(i + 1, REPLY | (OOB if i % 2 else 0), rng.randbytes(n))
+              for i, n in enumerate(sizes)]
+    stream = b"".join(_frame(*f) for f in frames)
+    for _ in range(20):
+        catch = Catch()
+        catch.connection_made(Open())
+        at = 0
+        while at < len(stream):
+            into = catch.get_buffer(-1)
+            n = min(len(into), rng.choice([1, 13, 4096, 70000, 300000]), len(stream) - at)
+            into[:n] = stream[at:at + n]
+            catch.buffer_updated(n)
+            at += n
+        assert catch.got == frames
