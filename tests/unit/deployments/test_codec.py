@@ -220,3 +220,23 @@ def test_frames_read_in_pieces_of_any_size_come_whole_big_or_small():
             catch.buffer_updated(n)
             at += n
         assert catch.got == frames
+
+
+def test_large_answers_read_one_after_another_keep_their_own_values():
+    """Each large answer is read into a buffer of its own, on both sides: one still held is
+    never overwritten by the next."""
+    server = ThreadedLinkServer(lambda xs: [x * 2 for x in xs], workers=1)
+    host, port, token = server.address("127.0.0.1")
+
+    async def main():
+        link = await Link.open_to(host, port, token)
+        held = [await link.call([np.full(1 << 18, i, np.float32)]) for i in range(6)]
+        link.close()
+        return held
+
+    try:
+        held = run(main())
+    finally:
+        server.close()
+    assert [float(h[0][0]) for h in held] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert all(float(h[0].min()) == float(h[0].max()) for h in held)
