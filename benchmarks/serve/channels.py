@@ -1,9 +1,10 @@
 """One batch's round trip between two actors on one node, over what Ray offers and over the
 project's own direct connection: a plain Ray actor call, a Ray compiled graph (its
 shared-memory channels), the direct link (`deployments.wire.link` to
-`deployments.replica.link_server`), and a benchmark-only variant of the link that sends
-arrays as pickle protocol 5 out-of-band buffers (no copy into the pickle stream, each
-received straight into its own buffer).
+`deployments.replica.link_server`, which sends large arrays out of band:
+`deployments.wire.codec`), and the benchmark-only variant of the link that the product's
+out-of-band frames were built from (arrays as pickle protocol 5 out-of-band buffers, each
+received straight into its own buffer, with `sock_recv_into`).
 
     flock /tmp/raybatch-ray.lock python -m benchmarks.serve.channels [--calls 1000]
         [--big-calls 200] [--transports actor graph link link-oob] [--json OUT]
