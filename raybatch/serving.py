@@ -213,9 +213,14 @@ def _import_in_background(*modules: str) -> threading.Thread:
 
 
 def patient_router() -> None:
-    """`status` asks the ingress once: it can give it 1 s, not Serve's 0.1 s (and a WARNING
-    each time a loaded ingress is slower), to say its queue length. Before Serve's import."""
+    """`status` asks the ingress once: it can give it 1 s, not Serve's 0.1 s, to say its
+    queue length (set before Serve's import), and Serve's WARNING that one was slower (a
+    loaded ingress) is not for the people reading its output."""
+    import logging
+
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
+    logging.getLogger("ray.serve").addFilter(
+        lambda record: not record.getMessage().startswith("Failed to get queue length"))
 
 
 def _quiet_token_auth_notice() -> None:

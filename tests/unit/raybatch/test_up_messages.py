@@ -67,3 +67,23 @@ def test_the_native_server_is_the_url_printed_and_the_command_line_overrides_it(
     assert with_front_overrides(demo, argparse.Namespace(host=None, native_port=None)) is demo
     moved = with_front_overrides(demo, argparse.Namespace(host=None, native_port=8099))
     assert moved.ingress.native_port == 8099 and moved.models == demo.models
+
+
+def test_status_keeps_serves_queue_length_warning_out_of_its_output(monkeypatch, caplog):
+    import logging
+    import os
+
+    from raybatch.serving import patient_router
+
+    monkeypatch.delenv("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", raising=False)
+    logger = logging.getLogger("ray.serve")
+    before = list(logger.filters)
+    try:
+        patient_router()
+        with caplog.at_level(logging.WARNING, logger="ray.serve"):
+            logger.warning("Failed to get queue length from Replica(id='x') within 0.1s.")
+            logger.warning("something else")
+    finally:
+        logger.filters[:] = before
+    assert os.environ["RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S"] == "1.0"
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
