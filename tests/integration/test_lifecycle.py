@@ -23,14 +23,19 @@ def actors() -> dict[str, dict]:
 
 
 def owned_by(table: dict[str, dict], owner_ids: set[str]) -> set[str]:
-    """Ids of the ModelReplica actors whose owner is one of the actors `owner_ids`."""
+    """Ids of the ModelReplica actors whose owner is one of the actors `owner_ids`: owned
+    from its address, and started after it (a worker's address is used again once its
+    process is gone: the replicas of an actor that died before, in the session's other
+    tests, would otherwise count)."""
 
     def where(address: dict) -> tuple:
         return address["IPAddress"], address["Port"]
 
+    since = min(table[a]["StartTime"] for a in owner_ids)
+
     owners = {where(table[a]["Address"]) for a in owner_ids}
     return {a for a, info in table.items() if info["ActorClassName"] == "ModelReplica"
-            and where(info["OwnerAddress"]) in owners}
+            and where(info["OwnerAddress"]) in owners and info["StartTime"] >= since}
 
 
 def test_deleting_the_app_leaves_no_batcher_or_replica_alive(app):
