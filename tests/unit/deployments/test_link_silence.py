@@ -98,14 +98,20 @@ def test_a_silent_actor_that_ray_says_lives_keeps_its_connection_and_its_calls()
     assert [kind for _, kind, _ in transport.frames()].count(PING) == 2  # one per silence
 
 
+def _ray_times_out_once_let():
+    """A `confirm` that says Ray did not answer, once its gate is set."""
+    gate = asyncio.Event()
+
+    async def confirm():
+        await gate.wait()
+        return TimeoutError("no answer from Ray in 5 s")
+
+    return gate, confirm
+
+
 def test_a_silent_actor_ray_cannot_answer_for_is_lost_with_what_ray_said():
     async def main():
-        gate = asyncio.Event()
-
-        async def confirm():
-            await gate.wait()
-            return TimeoutError("no answer from Ray in 5 s")
-
+        gate, confirm = _ray_times_out_once_let()
         link, transport, clock, lost = _link(confirm)
         calls = [link.call(("batch", i)) for i in range(2)]
         _silence(link, clock)
@@ -122,12 +128,7 @@ def test_a_silent_actor_ray_cannot_answer_for_is_lost_with_what_ray_said():
 
 def test_an_answer_heard_while_ray_is_asked_keeps_the_connection():
     async def main():
-        gate = asyncio.Event()
-
-        async def confirm():
-            await gate.wait()
-            return TimeoutError("no answer from Ray in 5 s")
-
+        gate, confirm = _ray_times_out_once_let()
         link, transport, clock, lost = _link(confirm)
         call = link.call(("batch",))
         _silence(link, clock)
