@@ -56,7 +56,7 @@ it keeps answering this long after it is asked to stop, for a load balancer to n
 
 def up(args: argparse.Namespace) -> int:
     from cluster.config import load_default
-    from raybatch.startup import Stopper, stop
+    from raybatch.startup import Stopper, start_local_ray, stop
 
     stopper = Stopper()
     stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
@@ -98,8 +98,12 @@ def up(args: argparse.Namespace) -> int:
         if not _fits_as_asked(config, args):  # before Ray starts: refused in a second
             stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
             return 1
-    ray.init(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-             include_dashboard=False, **node)
+    options = dict(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                   include_dashboard=False, **node)
+    if local:
+        start_local_ray(ray.init, stopper, **options)
+    else:
+        ray.init(**options)
     stopper.install()  # again: ray.init sets a SIGTERM handler of its own
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)

@@ -55,6 +55,32 @@ class Stopper:
         os._exit(130)
 
 
+# Ray gives a new local node's raylet a fixed 30 s to register with its GCS
+# (`ray._private.node.Node`), which a machine whose cores are all busy can miss; the same
+# start a moment later succeeds.
+NODE_START_TIMEOUT = "timed out during startup"
+
+
+def start_local_ray(init: Any, stopper: Stopper, **options: Any) -> None:
+    """`init(**options)` (`ray.init` for a new local node), once more if Ray's node did not
+    register in time: what the first try started is ended first (this run's processes,
+    `raybatch.runs`), and the user is told. A second such failure, or any other, is raised."""
+    try:
+        init(**options)
+        return
+    except Exception as e:
+        if NODE_START_TIMEOUT not in str(e) or stopper.requested.is_set():
+            raise
+        print("note: Ray's local node did not register within Ray's 30 s (a busy "
+              "machine?); ending what it started and starting it once more", flush=True)
+    import ray
+
+    ray.shutdown()
+    if stopper.run is not None:
+        runs.end_run(stopper.run.run_id, grace_s=1.0)
+    init(**options)
+
+
 def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
     """Start deploying `app`, show what is pending until it runs; returns "running",
     "stopped" (Ctrl-C) or the reason it failed (Serve's messages): at Serve's DEPLOY_FAILED,

@@ -124,8 +124,16 @@ def _tail(path: str | os.PathLike[str], chars: int = 3000) -> str:
 _NODES_DRIVER = """
 import json, sys, time
 import ray
-ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
 count, give_up = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+while True:  # a starved head can time out a driver's look for its node: look again
+    try:
+        ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+        break
+    except Exception:
+        ray.shutdown()
+        if time.monotonic() > give_up:
+            raise
+        time.sleep(1)
 while sum(n["Alive"] for n in ray.nodes()) < count and time.monotonic() < give_up:
     time.sleep(0.25)
 print("NODES " + json.dumps(ray.nodes(), default=str), flush=True)

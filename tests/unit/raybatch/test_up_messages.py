@@ -87,3 +87,67 @@ def test_status_keeps_serves_queue_length_warning_out_of_its_output(monkeypatch,
         logger.filters[:] = before
     assert os.environ["RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S"] == "1.0"
     assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
+class _Init:
+    """A stand-in for `ray.init` that fails with the given errors, then starts."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.calls = list(errors), []
+
+    def __call__(self, **options):
+        self.calls.append(options)
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+NODE_TIMEOUT = Exception("The current node timed out during startup. This could happen "
+                         "because some of the raylet failed to startup or the GCS has "
+                         "become overloaded.")
+
+
+def _stopper(monkeypatch, ended: list):
+    import ray
+
+    from raybatch import runs
+    from raybatch.startup import Stopper
+
+    monkeypatch.setattr(ray, "shutdown", lambda: ended.append("shutdown"))
+    monkeypatch.setattr(runs, "end_run", lambda run_id, **kw: ended.append(run_id))
+    stopper = Stopper()
+    stopper.run = runs.Run(run_id="run-1", pid=1, started=0.0, ports=[])
+    return stopper
+
+
+def test_up_starts_rays_node_once_more_when_it_missed_rays_30_s(monkeypatch, capsys):
+    from raybatch.startup import start_local_ray
+
+    ended: list = []
+    stopper = _stopper(monkeypatch, ended)
+    init = _Init(NODE_TIMEOUT)
+    start_local_ray(init, stopper, num_cpus=2)
+    assert init.calls == [{"num_cpus": 2}, {"num_cpus": 2}]
+    assert ended == ["shutdown", "run-1"]  # the first try's processes ended before the second
+    assert "starting it once more" in capsys.readouterr().out
+
+
+def test_up_raises_a_second_node_timeout_and_any_other_error_at_once(monkeypatch):
+    import pytest
+
+    from raybatch.startup import start_local_ray
+
+    ended: list = []
+    stopper = _stopper(monkeypatch, ended)
+    init = _Init(NODE_TIMEOUT, NODE_TIMEOUT)
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(init, stopper)
+    assert len(init.calls) == 2
+    other = _Init(ValueError("bad num_cpus"))
+    with pytest.raises(ValueError, match="bad num_cpus"):
+        start_local_ray(other, stopper)
+    assert len(other.calls) == 1
+    stopper.requested.set()  # Ctrl-C while Ray started: no second start
+    asked = _Init(NODE_TIMEOUT)
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(asked, stopper)
+    assert len(asked.calls) == 1
