@@ -56,7 +56,7 @@ it keeps answering this long after it is asked to stop, for a load balancer to n
 
 def up(args: argparse.Namespace) -> int:
     from cluster.config import load_default
-    from raybatch.startup import Stopper, start_local_ray, stop
+    from raybatch.startup import Stopper, fits_as_asked, fits_cluster, start_local_ray, stop
 
     stopper = Stopper()
     stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
@@ -95,7 +95,8 @@ def up(args: argparse.Namespace) -> int:
               flush=True)
     if not args.address:
         _quiet_token_auth_notice()
-        if not _fits_as_asked(config, args):  # before Ray starts: refused in a second
+        # before Ray starts: refused in a second
+        if not fits_as_asked(config, args.num_cpus, args.num_gpus):
             stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
             return 1
     options = dict(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
@@ -109,9 +110,9 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve  # imported by now (else here, raising what the import raises)
 
     from deployments.app import build_app
-    from raybatch.startup import deploy, deploy_error
+    from raybatch.startup import deploy, deploy_error, wait_routed
 
-    if not _fits(config, local) or stopper.requested.is_set():  # nothing deployed yet
+    if not fits_cluster(config, local) or stopper.requested.is_set():  # nothing deployed yet
         stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
         return 0 if stopper.requested.is_set() else 1
     if not stopper.requested.is_set():
@@ -124,6 +125,9 @@ def up(args: argparse.Namespace) -> int:
             print(f"raybatch up: the app did not deploy: {deploy_error(outcome)}", flush=True)
             stop(config.app_name, local, ingress.stop_timeout_s, stopper)
             return 1
+        if local:  # this machine runs Serve's proxy: the welcome's URLs answer at once
+            wait_routed(f"http://127.0.0.1:{port}{ingress.route_prefix.rstrip('/')}"
+                        "/v2/health/ready", stopper)
     if not stopper.requested.is_set():
         _print_welcome(config, host, port, grpc_port, ingress.native_port)
         _print_metrics(config)
@@ -135,45 +139,6 @@ def up(args: argparse.Namespace) -> int:
                                                    stopper)
         stopper.requested.wait()
     return stop(config.app_name, local, ingress.stop_timeout_s, stopper)
-
-
-def _fits(config: Any, local: bool) -> bool:
-    """Whether the config's minimum fits the cluster (`cluster.fit`); a local Ray cannot
-    grow, so it is refused there; a cluster may (an autoscaler), so it is told."""
-    import sys
-
-    import ray
-
-    from cluster.fit import check_fit
-    from cluster.modelpath import ConfigError
-
-    try:
-        check_fit(config, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
-    except ConfigError as e:
-        if local:
-            print(f"raybatch up: {e}", file=sys.stderr, flush=True)
-            return False
-        print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
-              "Ctrl-C stops", flush=True)
-    return True
-
-
-def _fits_as_asked(config: Any, args: argparse.Namespace) -> bool:
-    """Whether the config's minimum fits the CPUs and GPUs given to a local Ray
-    (`--num-cpus`, `--num-gpus`), known before it starts; what Ray would find itself
-    is checked once it runs (`_fits`)."""
-    import sys
-
-    from cluster.fit import Need, minimum_demand, refusal, shortfall
-
-    given = {k: float(v) for k, v in (("CPU", args.num_cpus), ("GPU", args.num_gpus))
-             if v is not None}
-    needs = [Need(x.what, x.count, {k: v for k, v in x.each.items() if k in given})
-             for x in minimum_demand(config)]
-    problems = shortfall([x for x in needs if x.each], [given])
-    if problems:
-        print(f"raybatch up: {refusal(problems)}", file=sys.stderr, flush=True)
-    return not problems
 
 
 def _claim_ports(ports: list[int], config: str | None) -> Any:

@@ -81,6 +81,45 @@ def start_local_ray(init: Any, stopper: Stopper, **options: Any) -> None:
     init(**options)
 
 
+def fits_cluster(config: Any, local: bool) -> bool:
+    """Whether the config's minimum fits the cluster (`cluster.fit`); a local Ray cannot
+    grow, so it is refused there; a cluster may (an autoscaler), so it is told."""
+    import sys
+
+    import ray
+
+    from cluster.fit import check_fit
+    from cluster.modelpath import ConfigError
+
+    try:
+        check_fit(config, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+    except ConfigError as e:
+        if local:
+            print(f"raybatch up: {e}", file=sys.stderr, flush=True)
+            return False
+        print(f"note: {e}\nwaiting for the cluster to grow (an autoscaler adds nodes); "
+              "Ctrl-C stops", flush=True)
+    return True
+
+
+def fits_as_asked(config: Any, num_cpus: float | None, num_gpus: float | None) -> bool:
+    """Whether the config's minimum fits the CPUs and GPUs given to a local Ray
+    (`--num-cpus`, `--num-gpus`), known before it starts; what Ray would find itself
+    is checked once it runs (`fits_cluster`)."""
+    import sys
+
+    from cluster.fit import Need, minimum_demand, refusal, shortfall
+
+    given = {k: float(v) for k, v in (("CPU", num_cpus), ("GPU", num_gpus))
+             if v is not None}
+    needs = [Need(x.what, x.count, {k: v for k, v in x.each.items() if k in given})
+             for x in minimum_demand(config)]
+    problems = shortfall([x for x in needs if x.each], [given])
+    if problems:
+        print(f"raybatch up: {refusal(problems)}", file=sys.stderr, flush=True)
+    return not problems
+
+
 def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
     """Start deploying `app`, show what is pending until it runs; returns "running",
     "stopped" (Ctrl-C) or the reason it failed (Serve's messages): at Serve's DEPLOY_FAILED,
@@ -105,6 +144,42 @@ def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
         view.show(time.monotonic() - started, pending_lines(state))
     view.done("")
     return "stopped"
+
+
+ROUTE_WAIT_S = 60.0
+
+
+def wait_routed(url: str, stopper: Stopper, timeout_s: float = ROUTE_WAIT_S) -> bool:
+    """Wait until `url` (the app's readiness route through Serve's HTTP port) answers 200:
+    Serve calls an app RUNNING before its proxy routes the app's prefix, and on a busy
+    machine a request sent at once was answered 404. Says what it waits for past
+    NOTE_EVERY_S; past `timeout_s` it says so and returns False (the app does run)."""
+    import urllib.error
+    import urllib.request
+
+    started = time.monotonic()
+    note_at, last = started + NOTE_EVERY_S, "no answer"
+    while not stopper.requested.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as r:
+                if r.status == 200:
+                    return True
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except OSError as e:
+            last = type(e).__name__
+        now = time.monotonic()
+        if now - started > timeout_s:
+            print(f"note: {url} still answers {last} after {timeout_s:g} s; Serve's HTTP "
+                  "proxy may not route the app yet", flush=True)
+            return False
+        if now >= note_at:
+            print(f"waiting for Serve's HTTP proxy to route the app ({url}: {last})",
+                  flush=True)
+            note_at = now + NOTE_EVERY_S
+        stopper.requested.wait(0.1)
+    return False
 
 
 # Raybatch's own deploy errors: a replica that cannot build its model or does not fit its

@@ -63,30 +63,28 @@ def test_an_actor_larger_than_every_node_is_refused_though_the_sum_fits():
 def test_up_refuses_a_local_ray_that_cannot_fit_and_waits_on_a_cluster(monkeypatch, capsys):
     import types
 
-    from raybatch.serving import _fits
+    from raybatch.startup import fits_cluster
 
     fake = types.SimpleNamespace(nodes=lambda: [{"Alive": True, "Resources": {"CPU": 16}}])
     monkeypatch.setitem(__import__("sys").modules, "ray", fake)
     c = load_config(GPU_YAML)
-    assert not _fits(c, local=True)
+    assert not fits_cluster(c, local=True)
     assert "GPU: 1 mlp replica x 0.5" in capsys.readouterr().err
-    assert _fits(c, local=False)  # a cluster may grow: deploy, and say what it waits for
+    assert fits_cluster(c, local=False)  # a cluster may grow: deploy, and say what it waits for
     assert "waiting for the cluster to grow" in capsys.readouterr().out
 
 
 def test_up_refuses_before_ray_starts_what_the_given_cpus_and_gpus_cannot_hold(capsys):
-    from argparse import Namespace
-
-    from raybatch.serving import _fits_as_asked
+    from raybatch.startup import fits_as_asked
 
     c = load_config(GPU_YAML)
-    assert not _fits_as_asked(c, Namespace(num_cpus=8, num_gpus=0))
+    assert not fits_as_asked(c, 8, 0)
     err = capsys.readouterr().err
     assert "GPU: 1 mlp replica x 0.5 + 1 minilm replica x 0.5 = 1, the cluster has 0" in err
     assert "CPU" not in err.split("\n")[1]  # 8 CPUs hold the CPU minimum: only the GPUs
-    assert not _fits_as_asked(c, Namespace(num_cpus=0, num_gpus=None))
+    assert not fits_as_asked(c, 0, None)
     assert "CPU: " in capsys.readouterr().err
-    # what Ray would find itself is not guessed: checked once it runs (`_fits`)
-    assert _fits_as_asked(c, Namespace(num_cpus=None, num_gpus=None))
-    assert _fits_as_asked(c, Namespace(num_cpus=None, num_gpus=1))
+    # what Ray would find itself is not guessed: checked once it runs (`fits_cluster`)
+    assert fits_as_asked(c, None, None)
+    assert fits_as_asked(c, None, 1)
     assert capsys.readouterr().err == ""

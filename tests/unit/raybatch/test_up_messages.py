@@ -151,3 +151,51 @@ def test_up_raises_a_second_node_timeout_and_any_other_error_at_once(monkeypatch
     with pytest.raises(Exception, match="timed out during startup"):
         start_local_ray(asked, stopper)
     assert len(asked.calls) == 1
+
+
+def _server(statuses: list[int]):
+    """An HTTP server on 127.0.0.1 answering the given statuses in turn, then 200."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(statuses.pop(0) if statuses else 200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_up_prints_its_urls_only_once_serves_proxy_routes_the_app(monkeypatch, capsys):
+    from raybatch import startup
+
+    monkeypatch.setattr(startup, "NOTE_EVERY_S", 0.0)  # every wait is said
+    server = _server([404, 404, 404])  # Serve's proxy before it has the app's route
+    url = f"http://127.0.0.1:{server.server_address[1]}/small/v2/health/ready"
+    try:
+        assert startup.wait_routed(url, startup.Stopper())
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert "waiting for Serve's HTTP proxy to route the app" in out and "HTTP 404" in out
+
+
+def test_a_route_that_never_comes_is_said_and_up_goes_on(monkeypatch, capsys):
+    from raybatch import startup
+
+    server = _server([404] * 10_000)
+    url = f"http://127.0.0.1:{server.server_address[1]}/small/v2/health/ready"
+    try:
+        assert not startup.wait_routed(url, startup.Stopper(), timeout_s=0.3)
+        stopper = startup.Stopper()
+        stopper.requested.set()  # Ctrl-C meanwhile: no wait
+        assert not startup.wait_routed(url, stopper)
+    finally:
+        server.shutdown()
+    assert "still answers HTTP 404 after 0.3 s" in capsys.readouterr().out
