@@ -53,9 +53,9 @@ serve: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# tests/run.sh: three lanes on two cores: the tests that share the session's Ray; the unit
-# tests then the tests that start a Ray of their own; the lab's and the token cluster's
-# own-Ray tests, then the notebooks (each that needs Ray starts its own). Under CI (`CI` set) the notebooks run at a small scale;
+# tests/run.sh: two lanes on two cores, the tests that share the session's Ray then the
+# notebooks (each that needs Ray starts its own), beside the unit tests then the tests that
+# start a Ray of their own. Under CI (`CI` set) the notebooks run at a small scale;
 # RAYBATCH_NOTEBOOK_SCALE=small|full decides. sysdeps (apt) and the venv (pip) install
 # side by side (two jobs), each target's output kept together.
 test:

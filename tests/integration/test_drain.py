@@ -1,9 +1,10 @@
 """Deleting or redeploying an app loses no request it accepted.
 
-An app of its own (`drainer`, beside the shared one), one slow model: SlowSquare,
-x -> x², 20 ms per batch of 8. Deleting it with 400 requests accepted by its batching
-actor: every one ends with its own answer (before the drain, the actor was killed
-with them). Redeploying it (a new code version: new ingress replica, new batching
+An app of its own (`drainer`, beside the shared one), one model. Deleting it with 400
+requests accepted by its batching actor and held there (Gated, x -> x + 1, its gate
+closed until the delete has begun): every one ends with its own answer (before the
+drain, the actor was killed with them). Redeploying it (SlowSquare, x -> x², 20 ms per
+batch of 8) (a new code version: new ingress replica, new batching
 actor) under load from a `RaybatchClient` and from HTTP clients: not one request
 fails, and every answer is right.
 """
@@ -26,13 +27,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NAME, PREFIX = "drainer", "/drainer"
 
 
-def drainer_config(delay_ms: float):
+def drainer_config(delay_ms: float, gate_path: str | None = None):
+    model = ({"transformer": "tests.models:Gated", "init_kwargs": {"gate_path": gate_path}}
+             if gate_path else
+             {"transformer": "tests.models:SlowSquare", "init_kwargs": {"delay_ms": delay_ms}})
     return load_config({
         "app_name": NAME,
-        "ingress": {"num_cpus": 0.05, "route_prefix": PREFIX, "drain_timeout_s": 10},
+        # a bound only (a drain ends once its requests are answered), wide for a starved box
+        "ingress": {"num_cpus": 0.05, "route_prefix": PREFIX, "drain_timeout_s": 60},
         "models": [{
-            "name": "slow", "transformer": "tests.models:SlowSquare",
-            "init_kwargs": {"delay_ms": delay_ms},
+            "name": "slow", **model,
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
             "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
             "batching": {"max_batch_size": 8},
@@ -43,12 +47,13 @@ def drainer_config(delay_ms: float):
     })
 
 
-def deploy(delay_ms: float):
+def deploy(delay_ms: float, gate_path: str | None = None):
     from ray import serve
 
     from deployments.app import build_app
 
-    return serve.run(build_app(drainer_config(delay_ms)), name=NAME, route_prefix=PREFIX)
+    return serve.run(build_app(drainer_config(delay_ms, gate_path)), name=NAME,
+                     route_prefix=PREFIX)
 
 
 @pytest.fixture
@@ -61,33 +66,55 @@ def drainer(app):
         serve.delete(NAME)
 
 
+@pytest.fixture
+def held_drainer(app, tmp_path):
+    """The drainer app with Gated: its batches wait while `gate` (a file) exists."""
+    from ray import serve
+
+    gate = tmp_path / "gate"
+    handle = deploy(0, str(gate))  # the gate open while it warms up
+    yield handle, gate
+    gate.unlink(missing_ok=True)
+    if NAME in serve.status().applications:
+        serve.delete(NAME)
+
+
 def x(v: float) -> dict:
     return {"INPUT0": np.array([v], np.float32)}
 
 
-def test_deleting_the_app_finishes_every_request_its_batching_actor_accepted(drainer):
+def test_deleting_the_app_finishes_every_request_its_batching_actor_accepted(held_drainer):
     from ray import serve
 
+    handle, gate = held_drainer
     n = 400
 
+    def deleting_begun() -> bool:
+        state = serve.status().applications.get(NAME)
+        return state is None or str(state.status).rsplit(".", 1)[-1] == "DELETING"
+
     async def main():
-        client = RaybatchClient(drainer)
+        gate.touch()  # nothing is answered until the delete has begun
+        client = RaybatchClient(handle)
         tasks = [asyncio.ensure_future(client.infer("slow", x(i))) for i in range(n)]
-        while True:  # until all are accepted: queued at the actor, running, or answered
-            open_ = (await drainer.status.remote())["slow"]["open_requests"]
+        while True:  # until all are accepted: queued at the actor, or held running
+            open_ = (await handle.status.remote())["slow"]["open_requests"]
             if open_ + sum(t.done() for t in tasks) >= n:
                 break
             await asyncio.sleep(0.01)
-        assert open_ >= n // 4, f"only {open_} requests left open: the load ended too soon"
         deleting = asyncio.get_running_loop().run_in_executor(None, serve.delete, NAME)
+        while not await asyncio.to_thread(deleting_begun):
+            await asyncio.sleep(0.05)
+        gate.unlink()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         await deleting
-        return outcomes
+        return open_, outcomes
 
-    outcomes = arun(main())
+    open_, outcomes = arun(main())
     wrong = [(i, o) for i, o in enumerate(outcomes)
-             if isinstance(o, BaseException) or o["OUTPUT0"].tolist() != [float(i * i)]]
+             if isinstance(o, BaseException) or o["OUTPUT0"].tolist() != [float(i + 1)]]
     assert not wrong, f"{len(wrong)} accepted requests were lost, e.g. {wrong[:3]}"
+    assert open_ == n  # every one was open (held) when the delete began
     assert NAME not in serve.status().applications
 
 
