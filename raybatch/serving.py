@@ -110,7 +110,7 @@ def up(args: argparse.Namespace) -> int:
     from ray import serve  # imported by now (else here, raising what the import raises)
 
     from deployments.app import build_app
-    from raybatch.startup import deploy, deploy_error, wait_routed
+    from raybatch.startup import deploy, deploy_error, reachable, wait_routed
 
     if not fits_cluster(config, local) or stopper.requested.is_set():  # nothing deployed yet
         stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
@@ -126,8 +126,8 @@ def up(args: argparse.Namespace) -> int:
             stop(config.app_name, local, ingress.stop_timeout_s, stopper)
             return 1
         if local:  # this machine runs Serve's proxy: the welcome's URLs answer at once
-            wait_routed(f"http://127.0.0.1:{port}{ingress.route_prefix.rstrip('/')}"
-                        "/v2/health/ready", stopper)
+            wait_routed(f"http://{reachable(host)}:{port}"
+                        f"{ingress.route_prefix.rstrip('/')}/v2/health/ready", stopper)
     if not stopper.requested.is_set():
         _print_welcome(config, host, port, grpc_port, ingress.native_port)
         _print_metrics(config)

@@ -149,6 +149,14 @@ def deploy(app: Any, name: str, route_prefix: str, stopper: Stopper) -> str:
 ROUTE_WAIT_S = 60.0
 
 
+def reachable(host: str) -> str:
+    """`host` as this machine reaches a server bound to it: a wildcard (all addresses)
+    through 127.0.0.1, an IPv6 address in brackets."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def wait_routed(url: str, stopper: Stopper, timeout_s: float = ROUTE_WAIT_S) -> bool:
     """Wait until `url` (the app's readiness route through Serve's HTTP port) answers 200:
     Serve calls an app RUNNING before its proxy routes the app's prefix, and on a busy

@@ -199,3 +199,10 @@ def test_a_route_that_never_comes_is_said_and_up_goes_on(monkeypatch, capsys):
     finally:
         server.shutdown()
     assert "still answers HTTP 404 after 0.3 s" in capsys.readouterr().out
+
+
+def test_the_route_is_probed_where_the_server_listens():
+    from raybatch.startup import reachable
+
+    assert reachable("0.0.0.0") == reachable("::") == reachable("") == "127.0.0.1"
+    assert reachable("10.1.2.3") == "10.1.2.3" and reachable("fe80::1") == "[fe80::1]"
