@@ -42,7 +42,7 @@ from tests.integration.test_cluster_faults import (
 pytestmark = [pytest.mark.integration, pytest.mark.own_ray]
 
 CLIENTS = 4
-BACK_S = 60.0  # the batching actor, and a replica for new sequences, back on host 1 by then
+BACK_S = 120.0  # the batching actor, and a replica for new sequences, back on host 1 by then
 SEQ = "accumulator"
 
 
@@ -139,7 +139,7 @@ def test_a_host_with_a_batching_actor_and_sequence_state_killed_comes_back_clear
         port = app.native_port
         sums = [step(port, "s1", 5, start=True), step(port, "s1", 2), step(port, "s1", 4)]
         assert [(s, total(d)) for s, d, _ in sums] == [(200, 5), (200, 7), (200, 11)], sums
-        app.lab.wait_nodes(app.head, 3, timeout_s=60)
+        app.lab.wait_nodes(app.head, 3, timeout_s=120)
 
         with Load(port, CLIENTS, DEADLINE_S) as load:
             until(lambda: any(o.verdict == "ok" for o in load.outcomes), 30, "an answer")
