@@ -85,6 +85,13 @@ def up(args: argparse.Namespace) -> int:
         auth_note = connect_here(args.address, args.auth_token_file)
         if auth_note:
             print(auth_note, flush=True)
+    if not args.address:
+        _quiet_token_auth_notice()
+        # before Ray starts: refused in a second (and before the imports' thread starts:
+        # an exit while it imports can abort the interpreter)
+        if not fits_as_asked(config, args.num_cpus, args.num_gpus):
+            stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
+            return 1
     preload = _import_in_background("ray.serve", "deployments.app")
     node = {} if args.address else local_node_options(args.sysfs_root)
     if args.metrics_port and not args.address:
@@ -93,18 +100,16 @@ def up(args: argparse.Namespace) -> int:
         print("note: Serve's mode on an existing cluster is its nodes' environment; start "
               "them with `raybatch join`, or with " + " ".join(f"{k}={v}" for k, v in env.items()),
               flush=True)
-    if not args.address:
-        _quiet_token_auth_notice()
-        # before Ray starts: refused in a second
-        if not fits_as_asked(config, args.num_cpus, args.num_gpus):
-            stop(config.app_name, local, ingress.stop_timeout_s, stopper, deployed=False)
-            return 1
     options = dict(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
                    include_dashboard=False, **node)
-    if local:
-        start_local_ray(ray.init, stopper, **options)
-    else:
-        ray.init(**options)
+    try:
+        if local:
+            start_local_ray(ray.init, stopper, **options)
+        else:
+            ray.init(**options)
+    except BaseException:
+        preload.join()  # an exit while it imports can abort the interpreter
+        raise
     stopper.install()  # again: ray.init sets a SIGTERM handler of its own
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)

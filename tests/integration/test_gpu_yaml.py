@@ -50,7 +50,7 @@ def test_gpu_yaml_becomes_ready_on_one_gpu_and_answers(world, gpu_yaml):  # noqa
 
 def test_gpu_yaml_without_a_gpu_is_refused_with_the_arithmetic(world, gpu_yaml):  # noqa: F811
     up = start(world, gpu_yaml, "--num-cpus", "8", "--num-gpus", "0")
-    assert up.exit_code(timeout_s=120) == 1
+    assert up.exit_code(timeout_s=120) == 1, up.text()[-3000:]
     text = up.text()
     assert "GPU: 1 mlp replica x 0.5 + 1 minilm replica x 0.5 = 1, the cluster has 0" in text
     assert "deploying" not in text, text
