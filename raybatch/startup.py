@@ -165,11 +165,13 @@ def wait_routed(url: str, stopper: Stopper, timeout_s: float = ROUTE_WAIT_S) -> 
     import urllib.error
     import urllib.request
 
+    # straight to this machine: a user's http_proxy would otherwise carry 127.0.0.1 away
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     started = time.monotonic()
     note_at, last = started + NOTE_EVERY_S, "no answer"
     while not stopper.requested.is_set():
         try:
-            with urllib.request.urlopen(url, timeout=2.0) as r:
+            with opener.open(url, timeout=2.0) as r:
                 if r.status == 200:
                     return True
                 last = f"HTTP {r.status}"

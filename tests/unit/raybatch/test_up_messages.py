@@ -176,6 +176,9 @@ def test_up_prints_its_urls_only_once_serves_proxy_routes_the_app(monkeypatch, c
     from raybatch import startup
 
     monkeypatch.setattr(startup, "NOTE_EVERY_S", 0.0)  # every wait is said
+    # a user's proxy (nothing listens there) is not asked for this machine's own route
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("no_proxy", "")
     server = _server([404, 404, 404])  # Serve's proxy before it has the app's route
     url = f"http://127.0.0.1:{server.server_address[1]}/small/v2/health/ready"
     try:
