@@ -192,7 +192,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    peer_systems = set(args.systems) - {"raybatch", "serve.batch"}
+    peer_systems = set(args.systems) - {"raybatch", "raybatch.inproc", "serve.batch"}
     progress("installing the peers in " + str(args.peers_dir / "venv")
              if peer_systems and not args.skip_install else "peers' venv as it is")
     peers = (install.ensure(args.peers_dir, args.skip_install) if peer_systems

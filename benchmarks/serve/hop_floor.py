@@ -5,7 +5,9 @@
 
 An asyncio caller (as a batching actor is) sends a batch (1 or 64 rows of 256 FP32) to a
 replica-like server (`deployments.replica.link_server`, echoing it) and awaits the answer, one
-call after another: the round trip's median, and each process's CPU per call.
+call after another: the round trip's median, and each process's CPU per call; over TCP on
+127.0.0.1 (a caller on another node gets TCP) and over the Unix socket a caller on the
+actor's own node gets (`deployments.wire.endpoint`), in turn.
 `--one-core` pins both to CPU 0, so a wake-up never crosses cores: the difference is what
 a wake-up on the other core costs on this machine (on a VM, an inter-processor interrupt
 is an exit to the hypervisor). What it answers: how much of the mission's shape's lone
@@ -29,10 +31,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def serve() -> None:
     from deployments.replica.link_server import ThreadedLinkServer
+    from deployments.wire.endpoint import SAME_NODE
 
     server = ThreadedLinkServer(lambda items: (items, 0.0), 1)
-    _, port, token = server.address("127.0.0.1")
-    print(port, token.hex(), flush=True)
+    for where in ("127.0.0.1", SAME_NODE):
+        host, port, token = server.address(where)
+        print(host.encode().hex(), port, token.hex(), flush=True)
     sys.stdin.read()  # until the caller closes our stdin
 
 
@@ -42,10 +46,12 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-async def measure(calls: int, server: subprocess.Popen, port: int, token: bytes) -> None:
+async def measure(calls: int, server: subprocess.Popen, host: str, port: int,
+                  token: bytes) -> None:
+    from deployments.wire.endpoint import is_unix
     from deployments.wire.link import Link
 
-    link = await Link.open_to("127.0.0.1", port, token)
+    link = await Link.open_to(host, port, token)
     for rows in (1, 64):
         x = np.random.default_rng(0).random((rows, 256), dtype=np.float32)
         echoed, _ = await link.call(x)
@@ -59,7 +65,8 @@ async def measure(calls: int, server: subprocess.Popen, port: int, token: bytes)
             await link.call(x)
             took.append(time.perf_counter() - t0)
         took.sort()
-        print(f"{rows:3d} rows  p50 {took[calls // 2] * 1e6:6.0f} µs  p90 "
+        transport = "Unix" if is_unix(host) else "TCP "
+        print(f"{transport} {rows:3d} rows  p50 {took[calls // 2] * 1e6:6.0f} µs  p90 "
               f"{took[calls * 9 // 10] * 1e6:6.0f} µs  CPU caller "
               f"{(time.process_time() - own) / calls * 1e6:5.0f} + server "
               f"{(cpu_s(server.pid) - theirs) / calls * 1e6:5.0f} µs/call", flush=True)
@@ -80,8 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     server = subprocess.Popen([sys.executable, "-m", "benchmarks.serve.hop_floor", "--serve"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        port, token = server.stdout.readline().split()
-        asyncio.run(measure(args.calls, server, int(port), bytes.fromhex(token)))
+        for _ in range(2):
+            host, port, token = server.stdout.readline().split()
+            asyncio.run(measure(args.calls, server, bytes.fromhex(host).decode(), int(port),
+                                bytes.fromhex(token)))
     finally:
         server.stdin.close()
         server.wait(10)

@@ -287,8 +287,9 @@ class BatcherActor:
 
     async def link_address(self, caller_node: str | None = None) -> tuple[str, int, bytes]:
         """Where a caller connects to send bundles and cancels without a Ray call each
-        (`deployments.wire.link`): 127.0.0.1 for a caller on this node, this node's address
-        for one elsewhere; with the token it must send first."""
+        (`deployments.wire.link`): a Unix socket for a caller on this node, this node's
+        address for one elsewhere (`deployments.wire.endpoint`); with the token it must send
+        first."""
         if self.link is None:
             self.link = LinkServer(self.infer, self.cancel, Keepalive.of(self.config.replicas))
         return await self.link.address(listen_host(caller_node))
@@ -355,6 +356,7 @@ class BatcherActor:
                 "attached_ingress_replicas": len(self.attachments),
                 # callers sending on a direct connection (deployments.wire.link)
                 "linked_callers": len(self.link.connections) if self.link else 0,
+                "link_hosts": sorted(self.link.servers) if self.link else [],
                 "draining": self.draining is not None}
 
 

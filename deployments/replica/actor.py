@@ -159,8 +159,9 @@ class ModelReplica:
     @ray.method(concurrency_group="control")
     def link_address(self, caller_node: str | None = None) -> tuple[str, int, bytes]:
         """Where the engine connects to send batches without a Ray call each
-        (`replicas.link`, `deployments.wire.link`): 127.0.0.1 for a caller on this node, this
-        node's address for one elsewhere; with the token it must send first. Each batch
+        (`replicas.link`, `deployments.wire.link`): a Unix socket for a caller on this node,
+        this node's address for one elsewhere (`deployments.wire.endpoint`); with the token
+        it must send first. Each batch
         runs as `run` does: on the device thread when it reads ahead (the connection's
         threads only read and write), else on the thread that read it, pinned where the
         replica is (`deployments.replica.link_server`: pings are answered meanwhile)."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from batching.errors import WorkerDied
 from deployments.wire.codec import KIND, OOB, decode, encode
+from deployments.wire.endpoint import address_of, listen_socket, no_delay
 from deployments.wire.keepalive import DEFAULT, Keepalive, tcp_keepalive
 from deployments.wire.link import (
     CANCEL,
@@ -202,14 +203,14 @@ class ThreadedLinkServer:
         with self.lock:
             sock = self.listeners.get(host)
             if sock is None:
-                sock = self.listeners[host] = socket.create_server((host, 0), backlog=64)
+                sock = self.listeners[host] = listen_socket(host)
                 threading.Thread(target=self._accept, args=(sock,), name="link-accept",
                                  daemon=True).start()
             if self._pulse is None:
                 self._pulse = threading.Thread(target=self._pulses, name="link-pulse",
                                                daemon=True)
                 self._pulse.start()
-        return host, sock.getsockname()[1], self.token
+        return *address_of(sock), self.token
 
     def run(self, payload: bytearray, oob: int = 0) -> tuple[int | None, list[Any]]:
         self.calls += 1
@@ -237,7 +238,7 @@ class ThreadedLinkServer:
                 sock, _ = listener.accept()
             except OSError:
                 return  # closed
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            no_delay(sock)
             tcp_keepalive(sock, self.keepalive)
             conn = _Served(self, sock)
             with self.lock:

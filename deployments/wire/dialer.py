@@ -16,6 +16,7 @@ from typing import Any
 
 from batching.loop import detached_task
 from deployments.wire.bundles import node_id
+from deployments.wire.endpoint import SAME_NODE
 from deployments.wire.keepalive import Keepalive
 from deployments.wire.link import Link
 
@@ -26,12 +27,13 @@ CONNECT_S = 10.0  # asking for the address and connecting, at most (no SYN answe
 
 
 def listen_host(caller_node: str | None) -> str:
-    """Where an actor listens for a caller on Ray node `caller_node`: 127.0.0.1 when that
-    is the actor's own node, else the node's address."""
+    """Where an actor listens for a caller on Ray node `caller_node`: a Unix socket
+    (`SAME_NODE`, `deployments.wire.endpoint`) when that is the actor's own node, else the
+    node's address."""
     import ray
 
     if caller_node is not None and caller_node == node_id():
-        return "127.0.0.1"
+        return SAME_NODE
     return ray.util.get_node_ip_address()
 
 

@@ -10,8 +10,9 @@ call carried (`BatcherActor.infer`'s or `ModelReplica.run`'s arguments and answe
 pickled, protocol 5, its large tensors out of band: `deployments.wire.codec`), and the actor
 runs the very same method; everything else
 (readiness, stats, drain, stopping) stays a Ray call. How: the actor listens once asked
-(`link_address`, a Ray call, which also hands out a random token): on 127.0.0.1 for a
-caller on its own node, on the node's address for one from another node. The caller
+(`link_address`, a Ray call, which also hands out a random token): on a Unix socket for a
+caller on its own node, on the node's address for one from another node
+(`deployments.wire.endpoint`). The caller
 connects (`deployments.wire.dialer`) and sends the token, then frames
 `[length u32][call id u64][kind u8][payload]`: INFER (the call's arguments) is answered
 by a REPLY (its value) or an ERROR (the exception it raised) with its id; CANCEL
@@ -47,6 +48,7 @@ from typing import Any
 from batching.errors import WorkerDied
 from batching.loop import detached_task
 from deployments.wire.codec import KIND, OOB, decode, encode
+from deployments.wire.endpoint import address_of, connect, listen_socket
 from deployments.wire.keepalive import DEFAULT, Heartbeat, Keepalive, Verdict, tcp_keepalive
 
 log = logging.getLogger(__name__)
@@ -246,8 +248,8 @@ class LinkServer:
         server = self.servers.get(host)
         if server is None:
             server = self.servers[host] = await asyncio.get_running_loop().create_server(
-                self._connection, host, 0)
-        return host, server.sockets[0].getsockname()[1], self.token
+                self._connection, sock=listen_socket(host, 100))
+        return *address_of(server.sockets[0]), self.token
 
     def _connection(self) -> _Served:
         conn = _Served(self)
@@ -291,8 +293,7 @@ class Link(_Framing):
                       on_lost: Callable[[str], None] | None = None,
                       confirm: Callable[[], Awaitable[BaseException | None]] | None = None,
                       ) -> Link:
-        _, link = await asyncio.get_running_loop().create_connection(
-            lambda: cls(keepalive, on_lost, confirm=confirm), host, port)
+        _, link = await connect(lambda: cls(keepalive, on_lost, confirm=confirm), host, port)
         link.transport.write(token)
         return link
 

@@ -76,3 +76,5 @@ def test_a_lone_request_waits_on_no_timer_on_any_hop(app):
     assert {k: v for k, v in sent.items() if v} == {"idle": 3}, after["by_reason"]
     [replica] = after["replica_info"]
     assert not replica["in_process"] and replica["link_batches"] >= 1, replica
+    assert replica["link_hosts"] == ["same-node"], replica  # a Unix socket on one node
+    assert after["link_hosts"] == ["same-node"], after  # the ingress to the batching actor too
