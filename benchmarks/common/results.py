@@ -9,7 +9,11 @@ from typing import Any
 
 
 def save_json(path: str | os.PathLike[str] | None, result: Any) -> None:
-    """Write `result` as indented JSON to `path`; nothing when no path was asked for."""
+    """Write `result` as indented JSON to `path` (its folder made if need be); nothing when
+    no path was asked for."""
     if path:
+        folder = os.path.dirname(os.fspath(path))
+        if folder:
+            os.makedirs(folder, exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=2, default=str)
