@@ -4,10 +4,10 @@ from another node.
 
 Why: on one node every hop of the actor path (ingress to batching actor, batching actor
 to replica) is a socket between two processes, and TCP over loopback pays the whole TCP
-stack for it. A Unix stream socket carries the same frames at about half the round trip
-and half the CPU on both sides, for small frames and a batch's 64 KB alike
-(`python -m benchmarks.serve.hop_floor`, docs/performance.md). The frames, the token and
-the heartbeat are the same on both: only the address differs.
+stack for it. A Unix stream socket carries the same frames with less of the kernel's time
+on both sides and a shorter round trip, for small frames and a batch's 64 KB alike
+(`python -m benchmarks.serve.hop_floor` times both; figures in docs/performance.md). The
+frames, the token and the heartbeat are the same on both: only the address differs.
 
 The Unix socket's name is in Linux's abstract namespace (a leading NUL: no file to
 create, to remove after a crash, or to collide with a stale one; visible only inside the
