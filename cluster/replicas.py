@@ -37,8 +37,9 @@ class ReplicaConfig(BaseModel):
     null (default): on for replicas with a GPU (`num_gpus` > 0), off otherwise; never with
     `max_inflight_batches: 1`."""
     link: bool = True
-    """A dynamic model's replica actor takes its batches on a direct TCP connection from
-    its engine (127.0.0.1 on its node, a token from a Ray call first; `deployments.wire.link`)
+    """A dynamic model's replica actor takes its batches on a direct connection from its
+    engine (a Unix socket on its node, TCP from another; a token from a Ray call first;
+    `deployments.wire.link`)
     instead of a Ray call each (a Ray call costs far more CPU than a frame on a socket:
     `benchmarks.serve.ray_call`, `benchmarks.serve.transports`). One that reads
     ahead runs them on its device thread; one that does not, on the connection's own
@@ -187,8 +188,8 @@ class BatcherConfig(BaseModel):
     on a small machine; a model busy enough to want a core of its own leaves it out."""
     link: bool = True
     """Placement `actor`: callers (ingress replicas, `RaybatchClient`) send bundles and
-    cancels to the batching actor on a direct TCP connection (127.0.0.1 on its node, the
-    node's address from elsewhere; a token from Ray first) instead of a Ray actor call
+    cancels to the batching actor on a direct connection (a Unix socket on its node, TCP
+    to the node's address from elsewhere; a token from Ray first) instead of a Ray actor call
     each (a Ray call costs far more CPU than a frame on a socket:
     `benchmarks.serve.ray_call`); everything else stays a Ray call. False,
     or where no connection opens (a network that allows only Ray's ports): a Ray call each."""

@@ -13,7 +13,8 @@ A request meets them in this order (a wing is a folder; `⇢` is a hop between p
         bundles.py     the record of a request (Entry: its one deadline, read on arrival),
                        of its answer (Outcome), and a bundle of them, stacked
         withdraw.py    the partial cancel: rows of a block whose clients went away
-        link.py        a direct TCP connection to an actor (the caller's end, framing)
+        link.py        a direct connection to an actor (the caller's end, framing)
+        endpoint.py    where it listens: a Unix socket on one node, TCP between nodes
         dialer.py      when a caller has a direct connection and when a Ray call goes
         keepalive.py   when a connection's other end is taken for lost
         generation.py  generation streams between the ingress and its batching actor

@@ -1,4 +1,4 @@
-"""A direct connection from a caller to an actor, frames on one TCP stream instead of a
+"""A direct connection from a caller to an actor, frames on one stream instead of a
 Ray call each: bundles and cancels from an ingress replica (or a `RaybatchClient`) to a
 batching actor (`batcher.link`), batches from an engine to a replica actor that reads
 ahead (`replicas.link`).
