@@ -51,7 +51,8 @@ def listen_socket(host: str, backlog: int = 64) -> socket.socket:
                 raise
             return sock
         host = "127.0.0.1"
-    return socket.create_server((host, 0), backlog=backlog)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # a node's IPv6 address
+    return socket.create_server((host, 0), family=family, backlog=backlog)
 
 
 def address_of(sock: socket.socket) -> tuple[str, int]:

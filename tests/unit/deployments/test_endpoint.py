@@ -54,6 +54,20 @@ def test_same_node_listens_on_an_abstract_unix_socket_and_other_nodes_on_tcp():
         tcp.close()
 
 
+def test_a_node_with_an_ipv6_address_listens_on_it():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        sock = listen_socket("::1")
+    except OSError as e:  # a kernel without IPv6, or ::1 not configured
+        pytest.skip(f"::1 cannot be bound here: {e}")
+    try:
+        host, port = address_of(sock)
+        assert sock.family == socket.AF_INET6 and host == "::1" and port > 0
+    finally:
+        sock.close()
+
+
 def test_listen_host_says_same_node_only_for_the_actors_own_node(monkeypatch):
     import ray
 
