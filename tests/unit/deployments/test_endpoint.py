@@ -159,7 +159,11 @@ def test_a_server_that_goes_away_fails_the_open_call_at_once():
     async def main():
         link = await Link.open_to(*address)  # no keepalive: only the socket can tell
         call = link.call([1])
-        await until(lambda: any(c.busy for c in server.connections), "the batch running")
+        def running() -> bool:
+            with server.lock:  # its accept thread adds to the set
+                return any(c.busy for c in server.connections)
+
+        await until(running, "the batch running")
         server.close()
         try:
             return await asyncio.wait_for(call, 10)
