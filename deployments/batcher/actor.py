@@ -302,16 +302,18 @@ class BatcherActor:
         return self._engine(model).cancel(caller, keys)
 
     # -- generative models: multiplexed streams (see deployments.wire.generation) -----------
-    async def start_generations(self, caller: str, entries: list[tuple]) -> list[tuple]:
-        """Start `(key, prompt, params)` generations for `caller`; (key, error) of those
-        refused at once (bad parameters, queue full)."""
+    async def start_generations(self, caller: str, entries: list[tuple],
+                                sent: Stamp | None = None) -> list[tuple]:
+        """Start `(key, prompt, params[, deadline])` generations for `caller` (`sent`: its
+        stamp, by which each deadline is read here); (key, error) of those refused at once
+        (bad parameters, queue full, a deadline passed on the way)."""
         await self._ensure_started()
         engine = self._engine(None)
         if engine.hub is None or self.draining is not None:
             error = (Draining(self.draining) if self.draining is not None else
                      InvalidRequest(f"model {self.config.name!r} is not generative: use infer"))
             return [(key, error) for key, *_ in entries]
-        refused = engine.hub.start(caller, entries)
+        refused = engine.hub.start(caller, entries, sent)
         if refused and engine.metrics is not None:
             engine.metrics.refused(outcome_of(e) for _, e in refused)
         return refused

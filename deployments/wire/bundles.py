@@ -244,12 +244,18 @@ class Arrival:
         deadline = entry.deadline
         if deadline is None:
             return entry
+        local = self.instant(deadline)
+        return entry if local == deadline else entry._replace(deadline=local)
+
+    def instant(self, deadline: Any) -> float:
+        """A sender's deadline on this clock; Overloaded if it has passed, InvalidRequest
+        if it is not an instant."""
         if type(deadline) not in (float, int) or not math.isfinite(deadline):
             raise InvalidRequest(f"a bundle entry's deadline is an instant of "
                                  f"time.monotonic() or None; got {deadline!r}")
         local, now = deadline + self.shift, self.now
         if local > now:
-            return entry if local == deadline else entry._replace(deadline=local)
+            return local
         retry = now - local
         sent_at = self.sent_at
         if sent_at is None:

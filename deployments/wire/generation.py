@@ -14,11 +14,20 @@ of that stream's request, and Serve cancelling it would cancel every stream's po
 The actor side (`StreamHub`) buffers each caller's events until it polls. A
 caller that stops polling for `lease_s` (its ingress died) has its
 generations cancelled, so nothing generates for nobody.
+
+Time, as for bundles (`deployments.wire.bundles`): a generation's timeout (to start
+generating) becomes one deadline where the stream is asked for, an instant of the
+caller's monotonic clock; the start call carries the caller's stamp and the actor reads
+each deadline on its own clock once, on arrival (`Arrival`), so the time the start spent
+on its way (the tick, the Ray call, an actor's loop busy elsewhere) counts against it. A
+generation whose deadline passed on the way is refused as overloaded (429), nothing of it
+run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -31,6 +40,7 @@ from batching.iterative.host import Finished, IterativeHost
 from batching.iterative.sampling import check_sampling
 from batching.iterative.scheduler import GenerateRequest
 from batching.loop import detached, detached_task
+from deployments.wire.bundles import Arrival, Stamp, stamp, time_left
 
 log = logging.getLogger(__name__)
 GENERATE_PARAMETERS = ("max_tokens", "stop", "priority", "timeout", "timeout_s", "temperature",
@@ -108,14 +118,22 @@ class StreamHub:
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
 
-    def start(self, caller: str, entries: list[tuple[Any, str, dict]]) -> list[tuple[Any, Any]]:
-        """Start generations; returns (key, error) of those refused at once."""
+    def start(self, caller: str, entries: list[tuple], sent: Stamp | None = None
+              ) -> list[tuple[Any, Any]]:
+        """Start generations, each `(key, prompt, params[, deadline])` (the deadline on
+        the clock of `sent`, the caller's stamp); returns (key, error) of those refused
+        at once."""
         c = self._callers.setdefault(caller, _Caller())
         refused = []
-        for key, prompt, params in entries:
+        arrival = Arrival(sent)
+        for key, prompt, params, *deadline in entries:
             rid = self._ids()
             try:
-                stream = self.host.submit(generate_request(rid, prompt, params))
+                request = generate_request(rid, prompt, params)
+                if deadline and deadline[0] is not None:
+                    left = time_left(arrival.instant(deadline[0]), arrival.now)
+                    request = dataclasses.replace(request, timeout_s=left)
+                stream = self.host.submit(request)
             except RaybatchError as e:
                 refused.append((key, e))
                 continue
@@ -193,12 +211,14 @@ class GenerateMux:
 
     async def stream(self, prompt: str, params: dict[str, Any]) -> AsyncIterator[dict]:
         """The generation's events (dicts); raises its error. Closing early cancels it."""
-        generate_request(0, prompt, params)  # a bad request fails here, before any Ray call
+        # a bad request fails here, before any Ray call; its timeout is a deadline from now
+        timeout_s = generate_request(0, prompt, params).timeout_s
+        deadline = time.monotonic() + timeout_s if timeout_s else None
         loop = asyncio.get_running_loop()
         key = next(self._keys)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[key] = queue
-        self._to_start.append((key, prompt, params))
+        self._to_start.append((key, prompt, params, deadline))
         if len(self._to_start) == 1:
             loop.call_soon(self._flush_starts, context=detached())
         final = False
@@ -228,7 +248,8 @@ class GenerateMux:
 
     async def _start(self, entries: list[tuple]) -> None:
         try:
-            refused = await self._get_actor().start_generations.remote(self.caller, entries)
+            refused = await self._get_actor().start_generations.remote(self.caller, entries,
+                                                                       stamp())
         except Exception as e:
             refused = [(key, WorkerDied(f"the batching actor failed: {type(e).__name__}: {e}"))
                        for key, *_ in entries]

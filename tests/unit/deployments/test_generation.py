@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 
 import pytest
 
-from batching.errors import InvalidRequest, QueueFull
+from batching.errors import InvalidRequest, Overloaded, QueueFull
 from batching.iterative.generative import Generator
 from batching.iterative.host import IterativeHost, LocalStepClient
 from batching.iterative.policy import IterativePolicy
@@ -41,9 +42,12 @@ class FakeActor:
 
     def __init__(self, hub: StreamHub) -> None:
         self.calls: dict[str, int] = {}
+        self.started: list[tuple] = []  # every entry sent to start_generations
+        self.hub_start = hub.start  # the hub's start, called as the actor would
 
-        def start_generations(caller, entries):
-            return hub.start(caller, entries)
+        def start_generations(caller, entries, sent=None):
+            self.started.extend(entries)
+            return hub.start(caller, entries, sent)
 
         async def poll_generations(caller):
             return await hub.poll(caller, wait_s=1.0)
@@ -203,3 +207,41 @@ def test_a_hung_up_stream_is_cancelled_in_one_call_whose_errors_are_logged(caplo
     assert calls["cancel_generations"] == 2  # the two hang-ups of one tick: one call
     assert "cancelling 1 generations at the batching actor failed" in caplog.text
     assert "unreachable" in caplog.text
+
+
+def test_a_generations_timeout_travels_as_a_deadline_and_what_is_left_is_the_hosts():
+    """The mux turns the timeout into a deadline where the stream is asked for; the hub
+    gives the engine what is left of it on arrival, not the whole timeout again."""
+    async def main():
+        host, actor, mux = await _setup(max_active=2)
+        seen = []
+        submit = host.submit
+        host.submit = lambda request: seen.append(request) or submit(request)
+        before = time.monotonic()
+        out = await collect(mux.stream("abc", {"max_tokens": 2, "timeout_s": 30}))
+        (_, _, _, deadline), = actor.started
+        assert before + 30 <= deadline <= time.monotonic() + 30
+        assert 0 < seen[0].timeout_s <= 30 and out["final"]
+        # a start that reaches the hub with 0.25 s left: the engine gets 0.25 s at most
+        seen.clear()
+        refused = actor.hub_start("c", [(9, "abc", {"timeout_s": 30}, time.monotonic() + 0.25)])
+        assert refused == [] and 0 < seen[0].timeout_s <= 0.25
+        host.cancel(seen[0].id, "done with it")
+
+    run(main())
+
+
+def test_a_generation_whose_deadline_passed_on_the_way_is_refused_and_nothing_runs():
+    async def main():
+        host, actor, _ = await _setup(max_active=2)
+        seen = []
+        host.submit = lambda request: seen.append(request)
+        refused = actor.hub_start("c", [(1, "abc", {"timeout_s": 5}, time.monotonic() - 1.0),
+                                        (2, "abc", {"timeout_s": 5}, "soon")])
+        return refused, seen
+
+    refused, seen = run(main())
+    assert [key for key, _ in refused] == [1, 2] and seen == []
+    late, garbled = refused[0][1], refused[1][1]
+    assert isinstance(late, Overloaded) and "past its deadline" in str(late)
+    assert isinstance(garbled, InvalidRequest) and "instant" in str(garbled)
