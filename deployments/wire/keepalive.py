@@ -105,8 +105,10 @@ class Heartbeat:
 def tcp_keepalive(sock: socket.socket | None, keepalive: Keepalive) -> None:
     """TCP keepalive probes after about `dead_s` idle, and `TCP_USER_TIMEOUT` (Linux): the
     kernel ends a connection whose peer stopped acknowledging, if the heartbeat did not
-    first. Options a platform lacks are skipped."""
-    if sock is None:
+    first. Options a platform lacks are skipped. A Unix socket (a link on one node,
+    `deployments.wire.endpoint`) gets none: its peer's end closes with its process, and
+    the heartbeat covers a peer that stops without dying."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     whole_s = max(1, math.ceil(keepalive.dead_s))
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]

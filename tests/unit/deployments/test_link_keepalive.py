@@ -12,6 +12,8 @@ import pickle
 import socket
 import threading
 
+import pytest
+
 from deployments.replica.link_server import ThreadedLinkServer
 from deployments.wire.keepalive import Heartbeat, Keepalive, Verdict, tcp_keepalive
 from deployments.wire.link import (
@@ -98,6 +100,17 @@ def test_tcp_keepalive_options_are_set_on_a_tcp_socket():
     finally:
         sock.close()
     tcp_keepalive(None, K)  # no socket (a test's transport): nothing to do
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="Unix sockets")
+def test_a_unix_socket_gets_no_tcp_options():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        tcp_keepalive(a, K)  # a link on one node: nothing set, nothing raised
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+    finally:
+        a.close()
+        b.close()
 
 
 # -- a Link on a fake transport ---------------------------------------------------------
