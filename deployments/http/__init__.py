@@ -4,9 +4,11 @@ meets them:
 
 native/ (the native front, ingress.native_front)
     _front.c      a thread of its own holds every socket, frames with llhttp, and queues
-                  the infer requests it recognises; the rest go to pyserver's Connection
-                  through it
+                  the infer requests it recognises; other whole requests go to Python as
+                  request events; only odd ones (chunked, bent, slow) hand pyserver's
+                  Connection the connection, through it
     front.py      its Python side: the server object, Python mode's transport
+    exchange.py   request events answered by pyserver's Cycle, written back in order
     blocks.py     plans learnt from the Python server, blocks of queued requests to the
                   engine, their answers; gather.py: blocks filled while a batch is in flight
 pyserver/ (Raybatch's own HTTP/1.1 server, ingress.native_port)

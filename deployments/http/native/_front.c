@@ -18,9 +18,14 @@
  * - Python takes everything queued in one call per wake-up (`take`), submits each plan's
  *   requests to the engine as one block, and hands the answers back in one call per
  *   block (`answer_parts`, `answer_same`); they are written in each connection's order;
- * - anything else - another route, a header never seen, an error, a slow or cut-short
- *   request, a close - turns the connection over to Python ("Python mode"): what was not
- *   parsed goes to the Python server's `Connection`, which sees a transport (this
+ * - any other request it frames whole and the Python server would take as it is (another
+ *   route, a header never seen, a health check, a generation) goes to Python whole, as an
+ *   event (EV_REQUEST: its method, target, headers and body), never as bytes to frame
+ *   again; Python answers it by the Python server's rules and hands the answer's bytes
+ *   back (`write`, streamed or whole), written in the connection's order;
+ * - the odd rest - a bent or broken request, a chunked or large body, Expect, HTTP/1.0, a
+ *   slow or cut-short request - turns the connection over to Python ("Python mode"): what
+ *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
  *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
  *   broken clients; once that connection is idle again, Python hands it back (`release`).
  *   So what this file answers itself is only what the Python server answered the same way
@@ -70,7 +75,8 @@
 #define SEQ_MASK 0xffffffu
 
 enum { M_C = 0, M_PY = 1, M_LINGER = 2 };
-enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5, EV_GONE = 6 };
+enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5, EV_GONE = 6,
+       EV_REQUEST = 7 };
 
 typedef struct { char *p; size_t len, cap; } buf_t;
 
@@ -84,13 +90,18 @@ static int buf_reserve(buf_t *b, size_t more) {
     return 0;
 }
 static int buf_add(buf_t *b, const void *d, size_t n) {
+    if (!n) return 0;  /* nothing (the end of an answer): no buffer needed */
     if (buf_reserve(b, n)) return -1;
     memcpy(b->p + b->len, d, n); b->len += n;
     return 0;
 }
 static void buf_free(buf_t *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
 
-typedef struct held { uint32_t seq; size_t len; struct held *next; char data[]; } held_t;
+/* An answer (or the start of one) that came before an earlier request's on its connection:
+ * held until it is that answer's turn. `done`: the whole answer is here. */
+#define MAX_FIELDS 256 /* header fields of a request the front hands Python whole */
+
+typedef struct held { uint32_t seq; int done; buf_t data; struct held *next; } held_t;
 
 typedef struct {
     int fd, mode, open;
@@ -102,6 +113,7 @@ typedef struct {
     uint32_t next_seq, write_seq; /* queued requests; answers written */
     int close_seq_set; uint32_t close_seq; /* the request that asked to close */
     held_t *held;                 /* answers that came before an earlier one's */
+    size_t held_bytes;            /* ... their bytes */
     int want_py, eof, no_more, py_paused, unacked, over_high, shut_after, close_after;
     uint32_t events;              /* what epoll watches now */
     double last_io, partial_since, linger_until;
@@ -111,6 +123,20 @@ typedef struct {
 typedef struct { char *key; size_t keylen; uint64_t hash; int32_t id; uint32_t payload; int size; } plan_t;
 /* size: 0 a binary request's plan (key: its JSON header); 4 or 8 a JSON request's whose
  * `data` is read as FP32 or FP64 (key: its JSON with the data list emptied) */
+
+typedef struct { const char *name; size_t name_len; const char *value; size_t value_len; } field_t;
+
+typedef struct {
+    void *f;  /* the Front */
+    const char *method; size_t method_len;
+    const char *url; size_t url_len;
+    const char *name; size_t name_len; const char *value; size_t value_len;
+    uint32_t count; size_t bytes;
+    int hosts, refuse, coded, headers_done, complete, has_json, plain;
+    uint64_t json, length;
+    const char *body; size_t body_len;
+    field_t fields[MAX_FIELDS];
+} rq_t;
 
 typedef struct ev { int kind; uint32_t slot, gen; int flag; size_t len; struct ev *next; char data[]; } ev_t;
 
@@ -126,10 +152,11 @@ typedef struct {
     uint32_t max_conns, max_pipe, max_header_count, max_header_bytes, max_head, max_body;
     size_t high_water; double keep_alive_s, partial_s;
     plan_t plans[NPLANS]; uint32_t nplans;
+    rq_t rq;                 /* the request being framed (the front's thread's, under mu) */
     buf_t arena, arrivals;
     ev_t *ev_head, *ev_tail;
     buf_t busy; /* the whole 503 for a connection past max_conns */
-    uint64_t n_fast, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
+    uint64_t n_fast, n_requests, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
     int json_plans;
     int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
     int accept_paused; double accept_resume;
@@ -223,8 +250,13 @@ static void close_conn(Front *f, uint32_t slot, int tell_py) {
     buf_free(&c->in); buf_free(&c->out);
     uint32_t owed = (c->next_seq - c->write_seq) & SEQ_MASK;  /* queued, not yet written */
     owed -= c->gone;
-    for (held_t *h = c->held; h;) { held_t *n = h->next; free(h); h = n; owed--; }
-    c->held = NULL;
+    for (held_t *h = c->held; h;) {  /* a part of an answer still owes its end */
+        held_t *n = h->next;
+        owed -= h->done;
+        buf_free(&h->data); free(h);
+        h = n;
+    }
+    c->held = NULL; c->held_bytes = 0;
     c->open = 0; c->fd = -1;
     f->nconn--;
     if (owed) {  /* answers still to come: the slot waits for them */
@@ -264,7 +296,8 @@ static void flush(Front *f, uint32_t slot) {
         if (c->close_after) { close_conn(f, slot, 0); return; }
         if (c->shut_after) { shutdown(c->fd, SHUT_WR); c->shut_after = 0; }
     }
-    if (c->mode == M_PY && c->over_high && c->out.len - c->out_off <= f->high_water / 4) {
+    /* a writer told to wait (Python mode's transport, or an answer Python streams) may go on */
+    if (c->over_high && c->out.len - c->out_off + c->held_bytes <= f->high_water / 4) {
         c->over_high = 0;
         push_ev(f, EV_DRAINED, slot, c->gen, 0, NULL, 0);
     }
@@ -477,40 +510,47 @@ static int js_read(const char *p, const char *end, int size, char *out, uint32_t
     return i == count ? 0 : -1;
 }
 
-enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2 };
+enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2, R_REQUEST = 3 };
 
 /* -- framing: llhttp, as the Python server frames (httptools, the same version) -----------
  * A request is framed from the start of what is buffered by a parser of its own (llhttp
  * carries nothing from one request to the next that matters to a request the front serves),
  * paused at its end. Its head is read as httptools hands it to the Python server (a header
  * is a name and the value after it; headers counted, and their bytes summed, the same
- * way), so the front serves a request only where the Python server would frame it the
- * same and serve it; anything else is the Python server's to answer. */
-typedef struct {
-    Front *f;
-    const char *url; size_t url_len;
-    const char *name; size_t name_len; const char *value; size_t value_len;
-    uint32_t count; size_t bytes;
-    int hosts, refuse, headers_done, complete, has_json;
-    uint64_t json, length;
-    const char *body; size_t body_len;
-} rq_t;
+ * way). A whole request that the Python server would frame the same and take as it is
+ * (HTTP/1.1, GET, HEAD or POST, one Host, no Transfer-Encoding, Expect or Upgrade, within
+ * the header and body limits, a plain origin-form target) is the front's: queued for its
+ * plan (`plain`, a plan found), or else handed to Python whole, as a request event, and
+ * its answer written in its turn. Anything else is the Python server's to frame and answer
+ * on the connection (Python mode). */
 
 /* The header read so far is whole (httptools' _maybe_call_on_header). */
 static void rq_header(rq_t *r) {
     if (!r->value) return;
     const char *n = r->name; size_t nn = r->name_len, vn = r->value_len;
+    if (r->count < MAX_FIELDS)
+        r->fields[r->count] = (field_t){n, nn, r->value, vn};
     r->count++;
     r->bytes += nn + vn;
     if (lower_eq(n, nn, "host")) r->hosts++;
     else if (lower_eq(n, nn, "inference-header-content-length")) {
-        if (r->has_json || digits(r->value, vn, &r->json)) r->refuse = 1;
+        if (r->has_json || digits(r->value, vn, &r->json)) r->coded = 1;
         r->has_json = 1;
-    } else if (lower_eq(n, nn, "transfer-encoding") || lower_eq(n, nn, "content-encoding") ||
-               lower_eq(n, nn, "expect") || lower_eq(n, nn, "upgrade")) {
+    } else if (lower_eq(n, nn, "content-encoding")) {
+        r->coded = 1;  /* the app decodes it: no plan's bytes */
+    } else if (lower_eq(n, nn, "transfer-encoding") || lower_eq(n, nn, "expect") ||
+               lower_eq(n, nn, "upgrade")) {
         r->refuse = 1;
     }
     r->name = r->value = NULL; r->name_len = r->value_len = 0;
+}
+
+static int rq_method(llhttp_t *p, const char *at, size_t n) {
+    rq_t *r = p->data;
+    if (!r->method) r->method = at;
+    if (r->method + r->method_len != at) r->refuse = 1;
+    r->method_len += n;
+    return 0;
 }
 
 static int rq_url(llhttp_t *p, const char *at, size_t n) {
@@ -546,17 +586,22 @@ static int rq_headers(llhttp_t *p) {
     rq_header(r);
     r->headers_done = 1;
     r->length = p->content_length;
-    if (r->refuse || llhttp_get_method(p) != HTTP_POST || p->http_major != 1 || p->http_minor != 1 ||
-        p->upgrade || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) ||
-        !(p->flags & F_CONTENT_LENGTH) || r->hosts != 1 || r->count > f->max_header_count ||
+    int method = llhttp_get_method(p);
+    if (r->refuse || (method != HTTP_POST && method != HTTP_GET && method != HTTP_HEAD) ||
+        p->http_major != 1 || p->http_minor != 1 || p->upgrade ||
+        (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) || r->hosts != 1 ||
+        r->count > f->max_header_count || r->count > MAX_FIELDS ||
         r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
-        r->length > f->max_body || (r->has_json && r->json > r->length))
+        r->length > f->max_body || !r->method || !r->url || r->url[0] != '/')
         return -1;
-    if (r->url_len < 2 || r->url[0] != '/') return -1;
+    int plain = method == HTTP_POST && (p->flags & F_CONTENT_LENGTH) && !r->coded &&
+                !(r->has_json && r->json > r->length) && r->url_len >= 2;
     for (size_t i = 0; i < r->url_len; i++) {
         unsigned char ch = r->url[i];
-        if (ch <= 0x20 || ch >= 0x7f || ch == '?' || ch == '%' || ch == '#') return -1;
+        if (ch <= 0x20 || ch >= 0x7f || ch == '#') return -1;
+        if (ch == '?' || ch == '%') plain = 0;
     }
+    r->plain = plain;
     return 0;
 }
 
@@ -577,6 +622,7 @@ static llhttp_settings_t rq_settings;
 
 static void rq_settings_init(void) {
     llhttp_settings_init(&rq_settings);
+    rq_settings.on_method = rq_method;
     rq_settings.on_url = rq_url;
     rq_settings.on_header_field = rq_field;
     rq_settings.on_header_value = rq_value;
@@ -585,46 +631,81 @@ static void rq_settings_init(void) {
     rq_settings.on_message_complete = rq_complete;
 }
 
-/* One request at p[0..n): queued (R_FAST, *used bytes), incomplete (R_MORE) or for Python. */
+/* One request at p[0..n): queued for its plan (R_FAST), whole for Python (R_REQUEST: `*r`
+ * says where its parts are), incomplete (R_MORE) or for Python mode; *used bytes. */
 static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **plan,
-                     int *close, const char **payload, const char **payload_end) {
-    rq_t r;
-    memset(&r, 0, sizeof r);
-    r.f = f;
+                     int *close, const char **payload, const char **payload_end, rq_t *rp) {
+    rq_t *r = rp;
+    memset(r, 0, offsetof(rq_t, fields));
+    r->f = f;
     llhttp_t parser;
     llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
-    parser.data = &r;
+    parser.data = r;
     llhttp_errno_t err = llhttp_execute(&parser, p, n);
     if (err == HPE_OK) {
         /* unfinished: a head past the front's bound, or a body past its own, is Python's */
-        return (!r.headers_done && n > f->max_head) ? R_SWITCH : R_MORE;
+        return (!r->headers_done && n > f->max_head) ? R_SWITCH : R_MORE;
     }
-    if (err != HPE_PAUSED || !r.complete) return R_SWITCH;
+    if (err != HPE_PAUSED || !r->complete) return R_SWITCH;
     size_t whole = llhttp_get_error_pos(&parser) - p;
-    if (whole - r.body_len > f->max_head || r.body_len != r.length) return R_SWITCH;
+    if (whole - r->body_len > f->max_head || r->body_len != r->length) return R_SWITCH;
     *used = whole;
     *close = !llhttp_should_keep_alive(&parser);
-    const char *body = r.body ? r.body : p + whole;
-    size_t length = r.body_len;
-    const char *target = r.url;
-    size_t tn = r.url_len;
-    if (r.has_json) {
-        plan_t *pl = find_plan(f, target, tn, body, r.json, 0);
-        if (!pl || length - r.json != pl->payload) return R_SWITCH;
-        *plan = pl; *payload = body + r.json; *payload_end = NULL;
+    if (!r->body) r->body = p + whole;
+    if (!r->plain || !f->fast_on) return R_REQUEST;
+    const char *body = r->body;
+    size_t length = r->body_len;
+    const char *target = r->url;
+    size_t tn = r->url_len;
+    if (r->has_json) {
+        plan_t *pl = find_plan(f, target, tn, body, r->json, 0);
+        if (!pl || length - r->json != pl->payload) return R_REQUEST;
+        *plan = pl; *payload = body + r->json; *payload_end = NULL;
         return R_FAST;
     }
     const char *ds, *de;
-    if (!f->json_plans || js_scan(body, length, &ds, &de)) return R_SWITCH;
+    if (!f->json_plans || js_scan(body, length, &ds, &de)) return R_REQUEST;
     size_t kn = length - (de - ds);
-    if (kn > 8192) return R_SWITCH;
+    if (kn > 8192) return R_REQUEST;
     char key[8192];
     memcpy(key, body, ds - body);
     memcpy(key + (ds - body), de, body + length - de);
     plan_t *pl = find_plan(f, target, tn, key, kn, 1);
-    if (!pl) return R_SWITCH;
+    if (!pl) return R_REQUEST;
     *plan = pl; *payload = ds; *payload_end = de;
     return R_FAST;
+}
+
+/* A whole request for Python (EV_REQUEST): its token, whether the connection stays open
+ * after it, where its method, target, body and each header's name and value are (offsets
+ * into its bytes, which follow), all little-endian: u64 token, then u32 keep_alive,
+ * fields, method offset and length, target offset and length, body offset and length,
+ * then 4 x u32 per header field, then the request's bytes as received. */
+static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const rq_t *r,
+                        const char *p, size_t used) {
+    uint32_t nf = r->count;
+    size_t head = 8 + sizeof(uint32_t[8]) + 16 * (size_t)nf;
+    ev_t *e = malloc(sizeof(ev_t) + head + used);
+    if (!e) return -1;
+    conn_t *c = &f->conns[slot];
+    e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = 0; e->len = head + used;
+    e->next = NULL;
+    char *w = e->data;
+    uint32_t hdr[8] = {(uint32_t)keep, nf, (uint32_t)(r->method - p), (uint32_t)r->method_len,
+                       (uint32_t)(r->url - p), (uint32_t)r->url_len,
+                       (uint32_t)(r->body - p), (uint32_t)r->body_len};
+    memcpy(w, &token, 8);
+    memcpy(w + 8, hdr, sizeof hdr);
+    uint32_t *fw = (uint32_t *)(w + 8 + sizeof hdr);
+    for (uint32_t i = 0; i < nf; i++) {
+        const field_t *fl = &r->fields[i];
+        fw[4 * i] = (uint32_t)(fl->name - p); fw[4 * i + 1] = (uint32_t)fl->name_len;
+        fw[4 * i + 2] = (uint32_t)(fl->value - p); fw[4 * i + 3] = (uint32_t)fl->value_len;
+    }
+    memcpy(w + head, p, used);
+    if (f->ev_tail) f->ev_tail->next = e; else f->ev_head = e;
+    f->ev_tail = e;
+    return 0;
 }
 
 static int idle(conn_t *c) {
@@ -639,30 +720,40 @@ static void parse(Front *f, uint32_t slot, double now) {
         if (!avail) { c->partial_since = 0; break; }
         if (c->next_seq - c->write_seq >= f->max_pipe || c->out.len - c->out_off > f->high_water)
             break;
-        if (!f->fast_on) { c->want_py = 1; break; }
         size_t used = 0; plan_t *pl = NULL; int cl = 0; const char *payload = NULL, *pend = NULL;
-        int r = recognise(f, c->in.p + c->in_off, avail, &used, &pl, &cl, &payload, &pend);
+        const char *at = c->in.p + c->in_off;
+        int r = recognise(f, at, avail, &used, &pl, &cl, &payload, &pend, &f->rq);
         if (r == R_MORE) {
             if (c->eof) c->want_py = 1; /* cut short: Python says so */
             else if (!c->partial_since) c->partial_since = now;
             break;
         }
         if (r == R_SWITCH) { c->want_py = 1; break; }
-        arrival_t a = {((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
-                           (c->next_seq & SEQ_MASK),
-                       now, pl->id, pl->payload};
-        if (buf_reserve(&f->arena, pl->payload) || buf_reserve(&f->arrivals, sizeof a)) {
-            c->want_py = 1; /* out of memory: Python's path answers it */
-            break;
+        uint64_t token = ((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
+                         (c->next_seq & SEQ_MASK);
+        if (r == R_FAST) {
+            arrival_t a = {token, now, pl->id, pl->payload};
+            if (buf_reserve(&f->arena, pl->payload) || buf_reserve(&f->arrivals, sizeof a)) {
+                c->want_py = 1; /* out of memory: Python's path answers it */
+                break;
+            }
+            if (!pend || !js_read(payload, pend, pl->size, f->arena.p + f->arena.len,
+                                  pl->payload / pl->size)) {
+                if (!pend) memcpy(f->arena.p + f->arena.len, payload, pl->payload);
+                f->arena.len += pl->payload;
+                buf_add(&f->arrivals, &a, sizeof a);
+                f->n_fast++;
+            } else {
+                r = R_REQUEST; /* numbers the Python path must word an error for */
+            }
         }
-        if (!pend) memcpy(f->arena.p + f->arena.len, payload, pl->payload);
-        else if (js_read(payload, pend, pl->size, f->arena.p + f->arena.len, pl->payload / pl->size)) {
-            c->want_py = 1; /* numbers the Python path must word an error for */
-            break;
+        if (r == R_REQUEST) {
+            if (push_request(f, slot, token, !cl, &f->rq, at, used)) {
+                c->want_py = 1; /* out of memory: Python's path answers it */
+                break;
+            }
+            f->n_requests++;
         }
-        f->arena.len += pl->payload;
-        buf_add(&f->arrivals, &a, sizeof a);
-        f->n_fast++;
         if (cl) { c->close_seq_set = 1; c->close_seq = c->next_seq; c->no_more = 1; }
         c->next_seq++;
         c->in_off += used;
@@ -696,6 +787,7 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
         return;
     }
     if (c->mode == M_C) {
+        int ended = 0;
         for (int i = 0; i < 4 && c->open && !c->eof; i++) {
             size_t room = (size_t)f->max_head + f->max_body;
             if (c->in.len - c->in_off >= room) break;
@@ -705,7 +797,7 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
             }
             if (buf_reserve(&c->in, READ_CHUNK)) { close_conn(f, slot, 0); return; }
             ssize_t n = recv(c->fd, c->in.p + c->in.len, READ_CHUNK, 0);
-            if (n == 0) { c->eof = 1; break; }
+            if (n == 0) { c->eof = ended = 1; break; }
             if (n < 0) {
                 if (errno == EINTR) continue;
                 if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -716,6 +808,11 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
             if ((size_t)n < READ_CHUNK) break;
         }
         parse(f, slot, now);
+        /* the client sends no more: the requests Python answers learn it, once those in
+         * what it sent last are framed (as the Python server tells its requests); their
+         * answers are still written, for a client that only half-closed */
+        if (ended && c->open && c->mode == M_C && c->next_seq != c->write_seq)
+            push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0);
         return;
     }
     char chunk[READ_CHUNK];
@@ -1122,6 +1219,47 @@ static PyObject *Front_take(Front *f, PyObject *unused) {
     return out;
 }
 
+/* The answer to `seq` closes the connection: nothing after it is read or written (an
+ * earlier answer than one that closes already, a request's `Connection: close` included). */
+static void closes_at(conn_t *c, uint32_t seq) {
+    if (c->close_seq_set &&
+        ((c->close_seq - c->write_seq) & SEQ_MASK) <= ((seq - c->write_seq) & SEQ_MASK))
+        return;
+    c->close_seq_set = 1; c->close_seq = seq; c->no_more = 1;
+}
+
+/* The held answer of `seq` on `c`, made (in order) if there is none yet. */
+static held_t *held_for(conn_t *c, uint32_t seq) {
+    held_t **pp = &c->held;
+    uint32_t d = (seq - c->write_seq) & SEQ_MASK;
+    while (*pp && (((*pp)->seq - c->write_seq) & SEQ_MASK) < d) pp = &(*pp)->next;
+    if (*pp && (*pp)->seq == seq) return *pp;
+    held_t *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    h->seq = seq; h->next = *pp; *pp = h;
+    return h;
+}
+
+/* The answer whose turn it was is whole: the next request's turn. What was held for the
+ * turns that follow goes out, up to one not whole yet (its later bytes are written as they
+ * come); an answer that closes the connection ends it (lingering). */
+static void answered(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    for (;;) {
+        int closes = c->close_seq_set && (c->close_seq & SEQ_MASK) == (c->write_seq & SEQ_MASK);
+        c->write_seq++;
+        if (closes) { linger_close(f, slot); return; }
+        held_t *h = c->held;
+        if (!h || h->seq != (c->write_seq & SEQ_MASK)) return;
+        c->held = h->next;
+        c->held_bytes -= h->data.len;
+        int done = h->done, bad = buf_add(&c->out, h->data.p, h->data.len);
+        buf_free(&h->data); free(h);
+        if (bad) { close_conn(f, slot, 0); return; }
+        if (!done) return;
+    }
+}
+
 /* An answer for the request `token`: into its connection's output in order. It is the
  * `head` parts (status line and headers), the connection line and blank line, then the
  * `body` parts. */
@@ -1137,47 +1275,56 @@ static void place(Front *f, uint64_t token, const char **head, const size_t *hl,
         return;
     }
     if (c->mode == M_LINGER) { c->gone++; return; }
-    if (close && !c->close_seq_set) {  /* this answer closes: nothing after it is read */
-        c->close_seq_set = 1; c->close_seq = seq; c->no_more = 1;
-    }
+    if (close) closes_at(c, seq);
     int last = c->close_seq_set && (c->close_seq & SEQ_MASK) == seq;
     const char *tail = last ? "connection: close\r\n\r\n" : "\r\n";
     size_t tn = strlen(tail), total = tn;
     for (int i = 0; i < nh; i++) total += hl[i];
     for (int i = 0; i < nb; i++) total += bl[i];
-    buf_t *dst = NULL;
     held_t *h = NULL;
-    if ((c->write_seq & SEQ_MASK) == seq) {
-        dst = &c->out;
-        if (buf_reserve(dst, total)) { close_conn(f, slot, 0); return; }
-    } else {
-        h = malloc(sizeof(held_t) + total);
+    buf_t *dst = &c->out;
+    if ((c->write_seq & SEQ_MASK) != seq) {
+        h = held_for(c, seq);
         if (!h) { close_conn(f, slot, 0); return; }
-        h->seq = seq; h->len = 0;
+        dst = &h->data;
     }
-    char *w = dst ? dst->p + dst->len : h->data;
+    if (buf_reserve(dst, total)) { close_conn(f, slot, 0); return; }
+    char *w = dst->p + dst->len;
     for (int i = 0; i < nh; i++) { memcpy(w, head[i], hl[i]); w += hl[i]; }
     memcpy(w, tail, tn); w += tn;
     for (int i = 0; i < nb; i++) { memcpy(w, body[i], bl[i]); w += bl[i]; }
-    if (h) {
-        h->len = total;
-        held_t **pp = &c->held;
-        while (*pp && (((*pp)->seq - c->write_seq) & SEQ_MASK) < ((seq - c->write_seq) & SEQ_MASK)) pp = &(*pp)->next;
-        h->next = *pp; *pp = h;
-        return;
-    }
     dst->len += total;
-    c->write_seq++;
-    if (last) linger_close(f, slot);
-    while (c->mode != M_LINGER && c->held && c->held->seq == (c->write_seq & SEQ_MASK)) {
-        held_t *n = c->held;
-        c->held = n->next;
-        int l2 = c->close_seq_set && (c->close_seq & SEQ_MASK) == n->seq;
-        buf_add(&c->out, n->data, n->len);
-        free(n);
-        c->write_seq++;
-        if (l2) linger_close(f, slot);
+    if (h) { h->done = 1; c->held_bytes += total; return; }
+    answered(f, slot);
+}
+
+/* Bytes of the answer to `token`, a request Python answers itself (a request event), in
+ * its connection's order: written now if it is that request's turn, else held. `last`: the
+ * answer is whole; `close`: the connection closes after it. 1 while what waits to be sent
+ * on the connection is past the mark: the writer waits for DRAINED. */
+static int put(Front *f, uint64_t token, const char *d, size_t n, int last, int close) {
+    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
+    if (slot >= f->nslots) return 0;
+    conn_t *c = &f->conns[slot];
+    if ((c->gen & GEN_MASK) != gen) return 0;
+    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK)) return 0;
+    if (!c->open) {  /* its client is gone: dropped; the last end frees the slot */
+        if (last && c->reserved && !--c->owed) free_slot(f, slot);
+        return 0;
     }
+    if (c->mode == M_LINGER) { c->gone += last; return 0; }
+    if (close) closes_at(c, seq);
+    if ((c->write_seq & SEQ_MASK) == seq) {
+        if (buf_add(&c->out, d, n)) { close_conn(f, slot, 0); return 0; }
+        if (last) answered(f, slot);
+    } else {
+        held_t *h = held_for(c, seq);
+        if (!h || buf_add(&h->data, d, n)) { close_conn(f, slot, 0); return 0; }
+        c->held_bytes += n;
+        h->done = last;
+    }
+    if (c->out.len - c->out_off + c->held_bytes > f->high_water) { c->over_high = 1; return 1; }
+    return 0;
 }
 
 static void after_answers(Front *f, uint32_t slot) {
@@ -1249,6 +1396,27 @@ static PyObject *Front_answer_same(Front *f, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* write(token, data, last=False, close=False) -> bool: bytes of the answer to a request
+ * event (`put`); True: wait for DRAINED before writing more. */
+static PyObject *Front_write(Front *f, PyObject *args) {
+    unsigned long long token; Py_buffer d; int last = 0, close = 0;
+    if (!PyArg_ParseTuple(args, "Ky*|pp", &token, &d, &last, &close)) return NULL;
+    int high = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&f->mu);
+    uint32_t slot = (uint32_t)(token >> 40);
+    high = put(f, token, d.buf, d.len, last, close);
+    if (slot < f->nslots) {
+        after_answers(f, slot);
+        high = high && f->conns[slot].open;
+    }
+    signal_py(f);
+    pthread_mutex_unlock(&f->mu);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&d);
+    return PyBool_FromLong(high);
+}
+
 static conn_t *py_conn(Front *f, unsigned long long cid, uint32_t *slot) {
     *slot = (uint32_t)cid;
     if (*slot >= f->nslots) return NULL;
@@ -1286,6 +1454,9 @@ static PyObject *Front_control(Front *f, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Ki", &cid, &what)) return NULL;
     LOCK(f);
     uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
+    if (!c && what == 1 && slot < f->nslots && f->conns[slot].open &&
+        f->conns[slot].gen == (uint32_t)(cid >> 32))
+        close_conn(f, slot, 0);  /* Python failed on one of its request events */
     if (c) {
         if (what == 0) { c->close_after = 1; flush(f, slot); }
         else if (what == 1) close_conn(f, slot, 0);
@@ -1352,7 +1523,7 @@ static PyObject *address(struct sockaddr_storage *a) {
     return Py_BuildValue("(si)", host, port);
 }
 
-/* addresses(cid) -> (peer, local) | None: a Python-mode connection's (host, port) pairs */
+/* addresses(cid) -> (peer, local) | None: an open connection's (host, port) pairs */
 static PyObject *Front_addresses(Front *f, PyObject *args) {
     unsigned long long cid;
     if (!PyArg_ParseTuple(args, "K", &cid)) return NULL;
@@ -1360,8 +1531,9 @@ static PyObject *Front_addresses(Front *f, PyObject *args) {
     socklen_t pn = sizeof peer, ln = sizeof local;
     int ok = 0;
     LOCK(f);
-    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
-    if (c) ok = !getpeername(c->fd, (struct sockaddr *)&peer, &pn) &&
+    uint32_t slot = (uint32_t)cid;
+    conn_t *c = slot < f->nslots ? &f->conns[slot] : NULL;
+    if (c && c->open && c->gen == (uint32_t)(cid >> 32)) ok = !getpeername(c->fd, (struct sockaddr *)&peer, &pn) &&
                 !getsockname(c->fd, (struct sockaddr *)&local, &ln);
     UNLOCK(f);
     if (!ok) Py_RETURN_NONE;
@@ -1379,12 +1551,13 @@ static PyObject *Front_stats(Front *f, PyObject *unused) {
         if (!c->open) continue;
         in += c->in.len - c->in_off;
         out += c->out.len - c->out_off;
-        for (held_t *h = c->held; h; h = h->next) out += h->len;
+        out += c->held_bytes;
         queued += c->next_seq - c->write_seq;
         python += c->mode == M_PY;
     }
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "{sKsKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "requests", (unsigned long long)f->n_requests,
         "switched", (unsigned long long)f->n_switched, "accepted", (unsigned long long)f->n_accepted,
         "connections", f->nconn, "plans", f->nplans, "unparsed_bytes", in, "unsent_bytes", out,
         "queued", queued, "python_mode", python,
@@ -1408,6 +1581,7 @@ static PyMethodDef Front_methods[] = {
     {"answer_same", (PyCFunction)Front_answer_same, METH_VARARGS, "one answer to many"},
     {"answer_json", (PyCFunction)Front_answer_json, METH_VARARGS, "JSON answers of a block"},
     {"skeleton", (PyCFunction)Front_skeleton, METH_VARARGS, "a JSON request's plan key"},
+    {"write", (PyCFunction)Front_write, METH_VARARGS, "a request event's answer"},
     {"send", (PyCFunction)Front_send, METH_VARARGS, "Python mode: write"},
     {"control", (PyCFunction)Front_control, METH_VARARGS, "Python mode: close, shut, pause"},
     {"release", (PyCFunction)Front_release, METH_VARARGS, "Python mode ends"},
@@ -1442,5 +1616,6 @@ PyMODINIT_FUNC PyInit__front(void) {
     PyModule_AddIntConstant(m, "LOST", EV_LOST);
     PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
     PyModule_AddIntConstant(m, "GONE", EV_GONE);
+    PyModule_AddIntConstant(m, "REQUEST", EV_REQUEST);
     return m;
 }

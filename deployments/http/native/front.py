@@ -18,10 +18,14 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
   one call: every request gets the JSON the Python path would write (made once per
   block) and its own rows of each output. An error (a 429 at admission, a model error)
   is the same answer to each request of the block.
-- **Python mode.** Everything else is the Python server's: the front hands such a
-  connection's unparsed bytes to a `Connection` over a transport of the front's
-  (`_Transport`), which reads and writes through the front's thread; when it is idle
-  again (no request under way, nothing buffered, no close asked) the front takes it back.
+- **Requests handed over whole.** Any other request the front frames whole and the
+  Python server would take as it is comes as one event and is answered by the Python
+  server's rules, written back in the connection's order (`deployments.http.native.exchange`).
+- **Python mode.** The odd rest (chunked or large bodies, bent or slow requests, HTTP/1.0,
+  `Expect`) is the Python server's to frame: the front hands such a connection's unparsed
+  bytes to a `Connection` over a transport of the front's (`_Transport`), which reads and
+  writes through the front's thread; when it is idle again (no request under way, nothing
+  buffered, no close asked) the front takes it back.
 
 What a client sees is the same either way (tests/unit/deployments/http/test_front.py and
 test_front_hostile.py send the same bytes through both): same bytes for the same
@@ -44,6 +48,7 @@ import time
 from typing import Any
 
 from deployments.http.native.blocks import Blocks
+from deployments.http.native.exchange import Exchanges
 from deployments.http.oip.errors import Unavailable, error_parts
 from deployments.http.pyserver.connection import Connection
 from deployments.http.pyserver.cycle import READ_BUFFER_BYTES, Cycle, error_response
@@ -203,6 +208,8 @@ class FrontServer(HttpServer):
         self.front: Any = None
         self.transports: dict[int, _Transport] = {}
         self.book = Blocks(self)  # plans learnt, blocks in flight
+        self.exchanges = Exchanges(self)  # requests the front framed, answered here
+        self.cycle_class = _LearningCycle
         self.accepting = True
 
     async def start(self) -> None:
@@ -224,6 +231,7 @@ class FrontServer(HttpServer):
                 sock.fileno(), self.max_connections, self.max_pipelined, count, size, body,
                 self.max_unsent_bytes,
                 self.keep_alive_s, PARTIAL_S, error_response(status, busy, headers))
+            self.exchanges.front = self.front
         finally:
             sock.close()  # the front holds its own descriptor
         loop.add_reader(self.front.fileno(), self._wake)
@@ -239,7 +247,7 @@ class FrontServer(HttpServer):
     async def stop(self, timeout_s: float) -> None:
         give_up = time.monotonic() + timeout_s
         self.close()
-        while self.book.pending and time.monotonic() < give_up:
+        while (self.book.pending or self.exchanges.pending) and time.monotonic() < give_up:
             await asyncio.sleep(0.05)
         await super().stop(max(0.0, give_up - time.monotonic()))
         if self.front is not None:
@@ -255,6 +263,7 @@ class FrontServer(HttpServer):
         front = self.front
         if front is None:
             return
+        retiring, self.exchanges.retiring = self.exchanges.retiring, []
         events, arrivals, payloads = front.take()
         try:
             for kind, cid, flag, data in events:
@@ -269,16 +278,24 @@ class FrontServer(HttpServer):
         finally:  # what was queued is answered whatever happened above
             if arrivals:
                 self.book.queued(arrivals, payloads)
+            self.exchanges.retire(retiring)
 
     def _event(self, kind: int, cid: int, flag: int, data: bytes) -> None:
         front = self.front
-        if kind == _front.ADOPT:
+        if kind == _front.REQUEST:
+            self.exchanges.arrived(cid, data)
+        elif kind == _front.ADOPT:
             self._adopt(cid, data, flag)
         elif kind == _front.GONE:  # a client went away with requests queued
+            self.exchanges.gone(cid)
             self.book.gone(int.from_bytes(data, "little"))
         else:
             t = self.transports.get(cid)
             if t is None:
+                if kind == _front.DRAINED:  # a stream of a request event may go on
+                    self.exchanges.drained(cid)
+                elif kind == _front.EOF:  # ... or learns its client sends no more
+                    self.exchanges.eof(cid)
                 return
             if kind == _front.DATA:
                 t.reads += 1

@@ -293,23 +293,8 @@ class Connection:
         expect, length, chunked = framing(version, method, headers)
         if expect and version == "1.1":
             cycle.expect_100 = True  # never a 1xx to an HTTP/1.0 client (RFC 9110 15.2)
-        try:
-            url = httptools.parse_url(self.url)
-        except httptools.HttpParserInvalidURLError:
-            raise Refused(400, f"the request target {shown(self.url)} is not a URL path; "
-                               "send an origin-form target such as /v2/models/NAME/infer"
-                          ) from None
-        raw_path = url.path or b"/"
-        path = raw_path.decode("ascii", "replace")
-        if "%" in path:
-            path = unquote(path)
-        cycle.scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": version, "server": self.local, "client": self.client,
-            "scheme": "http", "method": method, "root_path": self.server.root_path,
-            "path": path, "raw_path": raw_path, "query_string": url.query or b"",
-            "headers": headers,
-        }
+        cycle.scope = request_scope(self.server, version, method, self.url, headers,
+                                    self.client, self.local)
         # The quick lane takes a POST whose whole body fits the read buffer, once read.
         cycle.quick = (self.server.quick is not None and method == "POST" and not expect
                        and not chunked and length is not None and length <= READ_BUFFER_BYTES)
@@ -427,6 +412,29 @@ class Connection:
             self.close()  # nothing more will come
             return
         self.pump()
+
+
+def request_scope(server: Any, version: str, method: str, target: bytes,
+                  headers: list[tuple[bytes, bytes]], client: Any, local: Any) -> dict:
+    """The ASGI scope of a request (its head framed and checked), or `Refused` (400) for a
+    target that is not a URL path: one reading of a request whichever server framed it."""
+    try:
+        url = httptools.parse_url(target)
+    except httptools.HttpParserInvalidURLError:
+        raise Refused(400, f"the request target {shown(target)} is not a URL path; "
+                           "send an origin-form target such as /v2/models/NAME/infer"
+                      ) from None
+    raw_path = url.path or b"/"
+    path = raw_path.decode("ascii", "replace")
+    if "%" in path:
+        path = unquote(path)
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": version, "server": local, "client": client,
+        "scheme": "http", "method": method, "root_path": server.root_path,
+        "path": path, "raw_path": raw_path, "query_string": url.query or b"",
+        "headers": headers,
+    }
 
 
 def _address(addr: Any) -> tuple[str, int] | None:

@@ -151,8 +151,10 @@ def test_the_front_answers_byte_for_byte_as_the_python_server(pipelined):
                                       if w != g), None))
     statuses = {a[0] for conn in python for a in conn}
     assert {200, 400} <= statuses
-    # the front queued most of it itself, and handed connections back and forth
-    assert stats["fast"] > 100 and stats["switched"] > 24 and stats["plans"] >= 3, stats
+    # the front queued most of it itself and handed the rest to Python whole: every stream
+    # is well-formed, so no connection was handed over (Python mode)
+    assert stats["fast"] > 100 and stats["requests"] > 24 and stats["plans"] >= 3, stats
+    assert stats["switched"] == 0, stats
 
 
 def test_many_clients_at_once_each_get_their_own_answer():
@@ -171,24 +173,6 @@ def test_many_clients_at_once_each_get_their_own_answer():
 
     oks, stats = run(main(), 30)
     assert all(oks) and stats["fast"] >= 40 * 29 - 40, stats
-
-
-def test_a_connection_goes_to_the_python_server_and_back():
-    async def main():
-        async with Served(front=True) as s:
-            r, w = await s.connect()
-            seen = []
-            for raw in [binary([1.0, 2.0]), binary([3.0, 4.0]), request("GET", "/v2/health/live"),
-                        binary([5.0, 6.0])]:
-                w.write(raw)
-                a = await read_response(r)
-                seen.append((a.status, s.server.stats()["fast"], s.server.stats()["switched"]))
-            w.close()
-            return seen
-
-    # the first is the Python server's (it teaches the plan), the second the front's, the
-    # health check the Python server's again, the last the front's: one connection
-    assert run(main()) == [(200, 0, 1), (200, 1, 1), (200, 1, 2), (200, 2, 2)]
 
 
 def _learnt(s: Served) -> None:
