@@ -23,7 +23,7 @@
  *   event (EV_REQUEST: its method, target, headers and body), never as bytes to frame
  *   again; Python answers it by the Python server's rules and hands the answer's bytes
  *   back (`write`, streamed or whole), written in the connection's order;
- * - the odd rest - a bent or broken request, a chunked or large body, Expect, HTTP/1.0, a
+ * - the odd rest - a bent or broken request, a chunked or large body, Expect, Upgrade, a
  *   slow or cut-short request - turns the connection over to Python ("Python mode"): what
  *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
  *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
@@ -132,7 +132,7 @@ typedef struct {
     const char *url; size_t url_len;
     const char *name; size_t name_len; const char *value; size_t value_len;
     uint32_t count; size_t bytes;
-    int hosts, refuse, coded, headers_done, complete, has_json, plain;
+    int hosts, refuse, coded, headers_done, complete, has_json, plain, minor;
     uint64_t json, length;
     const char *body; size_t body_len;
     field_t fields[MAX_FIELDS];
@@ -518,8 +518,9 @@ enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2, R_REQUEST = 3 };
  * paused at its end. Its head is read as httptools hands it to the Python server (a header
  * is a name and the value after it; headers counted, and their bytes summed, the same
  * way). A whole request that the Python server would frame the same and take as it is
- * (HTTP/1.1, GET, HEAD or POST, one Host, no Transfer-Encoding, Expect or Upgrade, within
- * the header and body limits, a plain origin-form target) is the front's: queued for its
+ * (HTTP/1.1 with one Host or HTTP/1.0 with at most one, any method but CONNECT, no
+ * Transfer-Encoding, Expect or Upgrade, within the header and body limits, an origin-form
+ * target) is the front's: queued for its
  * plan (`plain`, a plan found), or else handed to Python whole, as a request event, and
  * its answer written in its turn. Anything else is the Python server's to frame and answer
  * on the connection (Python mode). */
@@ -587,14 +588,16 @@ static int rq_headers(llhttp_t *p) {
     r->headers_done = 1;
     r->length = p->content_length;
     int method = llhttp_get_method(p);
-    if (r->refuse || (method != HTTP_POST && method != HTTP_GET && method != HTTP_HEAD) ||
-        p->http_major != 1 || p->http_minor != 1 || p->upgrade ||
-        (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) || r->hosts != 1 ||
+    if (r->refuse || method == HTTP_CONNECT || p->http_major != 1 || p->http_minor > 1 ||
+        p->upgrade || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) ||
+        r->hosts > 1 || (p->http_minor == 1 && r->hosts != 1) ||  /* RFC 9112 3.2 */
         r->count > f->max_header_count || r->count > MAX_FIELDS ||
         r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
         r->length > f->max_body || !r->method || !r->url || r->url[0] != '/')
         return -1;
-    int plain = method == HTTP_POST && (p->flags & F_CONTENT_LENGTH) && !r->coded &&
+    r->minor = p->http_minor;
+    int plain = method == HTTP_POST && p->http_minor == 1 && (p->flags & F_CONTENT_LENGTH) &&
+                !r->coded &&
                 !(r->has_json && r->json > r->length) && r->url_len >= 2;
     for (size_t i = 0; i < r->url_len; i++) {
         unsigned char ch = r->url[i];
@@ -678,7 +681,8 @@ static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **p
 
 /* A whole request for Python (EV_REQUEST): its token, whether the connection stays open
  * after it, where its method, target, body and each header's name and value are (offsets
- * into its bytes, which follow), all little-endian: u64 token, then u32 keep_alive,
+ * into its bytes, which follow), all little-endian: u64 token, then u32 keep_alive (bit 0)
+ * and HTTP/1.x's x (bits 8-15),
  * fields, method offset and length, target offset and length, body offset and length,
  * then 4 x u32 per header field, then the request's bytes as received. */
 static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const rq_t *r,
@@ -691,7 +695,7 @@ static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const
     e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = 0; e->len = head + used;
     e->next = NULL;
     char *w = e->data;
-    uint32_t hdr[8] = {(uint32_t)keep, nf, (uint32_t)(r->method - p), (uint32_t)r->method_len,
+    uint32_t hdr[8] = {(uint32_t)keep | (uint32_t)r->minor << 8, nf, (uint32_t)(r->method - p), (uint32_t)r->method_len,
                        (uint32_t)(r->url - p), (uint32_t)r->url_len,
                        (uint32_t)(r->body - p), (uint32_t)r->body_len};
     memcpy(w, &token, 8);

@@ -42,17 +42,18 @@ from deployments.protocol import error_body
 _HEAD = struct.Struct("<Q8I")  # token, keep-alive, fields, method, target, body (offset, length)
 
 
-def parse_event(data: bytes) -> tuple[int, bool, str, bytes, list[tuple[bytes, bytes]], bytes]:
-    """A REQUEST event's (token, keep-alive, method, target, headers, body): headers as the
-    Python server keeps them (names lowercased, values as sent)."""
+def parse_event(data: bytes) -> tuple[int, bool, str, str, bytes, list[tuple[bytes, bytes]],
+                                      bytes]:
+    """A REQUEST event's (token, keep-alive, HTTP version, method, target, headers, body):
+    headers as the Python server keeps them (names lowercased, values as sent)."""
     token, keep, nf, mo, ml, uo, ul, bo, bl = _HEAD.unpack_from(data)
     start = _HEAD.size + 16 * nf
     raw = data[start:]
     spans = struct.unpack_from(f"<{4 * nf}I", data, _HEAD.size)
     headers = [(raw[spans[i]:spans[i] + spans[i + 1]].lower(),
                 raw[spans[i + 2]:spans[i + 2] + spans[i + 3]]) for i in range(0, 4 * nf, 4)]
-    return (token, bool(keep), raw[mo:mo + ml].decode("ascii", "replace"), raw[uo:uo + ul],
-            headers, raw[bo:bo + bl])
+    return (token, bool(keep & 1), "1.1" if keep >> 8 else "1.0",
+            raw[mo:mo + ml].decode("ascii", "replace"), raw[uo:uo + ul], headers, raw[bo:bo + bl])
 
 
 class Exchange:
@@ -110,12 +111,13 @@ class Exchange:
             self.line.book.front.write(self.token, data, True, close)
 
     # -- the front's side -------------------------------------------------------------------
-    def begin(self, keep: bool, method: str, target: bytes, headers: list, body: bytes) -> None:
+    def begin(self, keep: bool, version: str, method: str, target: bytes, headers: list,
+              body: bytes) -> None:
         server = self.server
         line = self.line
         cycle = self.cycle = server.cycle_class(self, None, keep)
         try:
-            cycle.scope = request_scope(server, "1.1", method, target, headers,
+            cycle.scope = request_scope(server, version, method, target, headers,
                                         line.client, line.local)
         except Exception as e:  # the front hands over only targets this reads; if not, said
             if isinstance(e, Refused):
@@ -246,11 +248,11 @@ class Exchanges:
         return sum(len(line.queue) for line in self.lines.values())
 
     def arrived(self, cid: int, data: bytes) -> None:
-        token, keep, method, target, headers, body = parse_event(data)
+        token, *request = parse_event(data)
         line = self.lines.get(cid)
         if line is None:
             line = self.lines[cid] = _Line(self, cid)
-        line.queue.append((Exchange(line, token), (keep, method, target, headers, body)))
+        line.queue.append((Exchange(line, token), tuple(request)))
         line.pump()
 
     def gone(self, cid: int) -> bool:

@@ -21,8 +21,8 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
 - **Requests handed over whole.** Any other request the front frames whole and the
   Python server would take as it is comes as one event and is answered by the Python
   server's rules, written back in the connection's order (`deployments.http.native.exchange`).
-- **Python mode.** The odd rest (chunked or large bodies, bent or slow requests, HTTP/1.0,
-  `Expect`) is the Python server's to frame: the front hands such a connection's unparsed
+- **Python mode.** The odd rest (chunked or large bodies, bent or slow requests,
+  `Expect`, `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
   bytes to a `Connection` over a transport of the front's (`_Transport`), which reads and
   writes through the front's thread; when it is idle again (no request under way, nothing
   buffered, no close asked) the front takes it back.

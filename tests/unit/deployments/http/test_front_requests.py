@@ -256,3 +256,33 @@ def test_a_client_gone_with_requests_pipelined_ends_the_one_running_and_runs_no_
             await server.stop(1.0)
 
     assert run(main()) == ["/hold"]
+
+
+def test_http_1_0_and_any_method_but_connect_are_handed_over_whole_and_answered_alike():
+    cases = [
+        request("GET", "/v2/health/live", version="1.0"),  # closes after its answer
+        request("GET", "/v2/models/square", headers={"connection": "keep-alive"},
+                version="1.0") + request("HEAD", "/v2/health/ready", version="1.0"),
+        request("OPTIONS", "/v2") + request("DELETE", "/v2/models/square")
+        + request("PUT", "/v2/models/square/infer", b"{}") + request("HEAD", "/v2/health/ready"),
+        request("GET", "/v2/models/square?x=%41", version="1.0").replace(b"host: 127.0.0.1\r\n",
+                                                                         b""),
+    ]
+
+    async def main(front: bool):
+        async with Served(front=front) as s:
+            got = []
+            for raw in cases:
+                r, w = await s.connect()
+                w.write(raw)
+                w.write_eof()
+                got.append(await r.read())
+                w.close()
+            return got, (s.server.stats() if front else {})
+
+    python, _ = run(main(False))
+    front, stats = run(main(True))
+    assert front == python
+    # the PUT's answer closes (its body unread): the HEAD after it is never answered
+    assert [g.count(b"HTTP/1.1 ") for g in python] == [1, 2, 3, 1]
+    assert stats["switched"] == 0 and stats["requests"] >= 7, stats
