@@ -115,6 +115,7 @@ typedef struct {
     held_t *held;                 /* answers that came before an earlier one's */
     size_t held_bytes;            /* ... their bytes */
     int want_py, eof, no_more, py_paused, unacked, over_high, shut_after, close_after;
+    size_t need;                  /* bytes of the request being received, once its head is */
     uint32_t events;              /* what epoll watches now */
     double last_io, partial_since, linger_until;
     uint64_t fwd;                 /* reads forwarded to Python in Python mode */
@@ -210,13 +211,20 @@ static void signal_py(Front *f) {
 }
 
 /* -- connections ------------------------------------------------------------------------ */
+/* How much unparsed input a connection may hold: a head and a read's worth, or, while a
+ * request whose head is framed waits for the rest of its body, that whole request. */
+static size_t in_room(Front *f, conn_t *c) {
+    size_t room = (size_t)f->max_head + READ_CHUNK;
+    return c->need > room ? c->need : room;
+}
+
 static void watch(Front *f, uint32_t slot) {
     conn_t *c = &f->conns[slot];
     if (!c->open) return;
     uint32_t want = 0;
     int out = c->out.len > c->out_off;
     if (c->mode == M_C) {
-        if (!c->eof && !c->no_more && !c->want_py && c->in.len - c->in_off < (size_t)f->max_head + f->max_body &&
+        if (!c->eof && !c->no_more && !c->want_py && c->in.len - c->in_off < in_room(f, c) &&
             c->next_seq - c->write_seq < f->max_pipe && c->out.len - c->out_off <= f->high_water)
             want |= EPOLLIN;
     } else if (c->mode == M_PY) {
@@ -637,7 +645,8 @@ static void rq_settings_init(void) {
 /* One request at p[0..n): queued for its plan (R_FAST), whole for Python (R_REQUEST: `*r`
  * says where its parts are), incomplete (R_MORE) or for Python mode; *used bytes. */
 static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **plan,
-                     int *close, const char **payload, const char **payload_end, rq_t *rp) {
+                     int *close, const char **payload, const char **payload_end, rq_t *rp,
+                     size_t *need) {
     rq_t *r = rp;
     memset(r, 0, offsetof(rq_t, fields));
     r->f = f;
@@ -646,8 +655,11 @@ static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **p
     parser.data = r;
     llhttp_errno_t err = llhttp_execute(&parser, p, n);
     if (err == HPE_OK) {
-        /* unfinished: a head past the front's bound, or a body past its own, is Python's */
-        return (!r->headers_done && n > f->max_head) ? R_SWITCH : R_MORE;
+        /* unfinished: a head past the front's bound is Python's; a framed head tells how
+         * much of the body is still to come */
+        if (!r->headers_done) return n > f->max_head ? R_SWITCH : R_MORE;
+        *need = n + (size_t)(r->length - r->body_len);
+        return R_MORE;
     }
     if (err != HPE_PAUSED || !r->complete) return R_SWITCH;
     size_t whole = llhttp_get_error_pos(&parser) - p;
@@ -726,7 +738,9 @@ static void parse(Front *f, uint32_t slot, double now) {
             break;
         size_t used = 0; plan_t *pl = NULL; int cl = 0; const char *payload = NULL, *pend = NULL;
         const char *at = c->in.p + c->in_off;
-        int r = recognise(f, at, avail, &used, &pl, &cl, &payload, &pend, &f->rq);
+        size_t need = 0;
+        int r = recognise(f, at, avail, &used, &pl, &cl, &payload, &pend, &f->rq, &need);
+        c->need = need;
         if (r == R_MORE) {
             if (c->eof) c->want_py = 1; /* cut short: Python says so */
             else if (!c->partial_since) c->partial_since = now;
@@ -793,7 +807,7 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
     if (c->mode == M_C) {
         int ended = 0;
         for (int i = 0; i < 4 && c->open && !c->eof; i++) {
-            size_t room = (size_t)f->max_head + f->max_body;
+            size_t room = in_room(f, c);
             if (c->in.len - c->in_off >= room) break;
             if (c->in_off && c->in.len + READ_CHUNK > c->in.cap) {
                 memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
@@ -1483,7 +1497,7 @@ static PyObject *Front_release(Front *f, PyObject *args) {
     if (c && c->fwd == fwd && !c->eof && !c->close_after && !c->shut_after && f->fast_on &&
         !f->closing) {
         c->mode = M_C; c->py_paused = 0; c->unacked = 0; c->over_high = 0; c->no_more = 0;
-        c->close_seq_set = 0; c->want_py = 0; c->partial_since = 0;
+        c->close_seq_set = 0; c->want_py = 0; c->partial_since = 0; c->need = 0;
         ok = 1;
         watch(f, slot);
     }

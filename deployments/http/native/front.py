@@ -51,7 +51,7 @@ from deployments.http.native.blocks import Blocks
 from deployments.http.native.exchange import Exchanges
 from deployments.http.oip.errors import Unavailable, error_parts
 from deployments.http.pyserver.connection import Connection
-from deployments.http.pyserver.cycle import READ_BUFFER_BYTES, Cycle, error_response
+from deployments.http.pyserver.cycle import Cycle, error_response
 from deployments.http.pyserver.server import HttpServer, connection_room
 
 try:
@@ -223,7 +223,9 @@ class FrontServer(HttpServer):
             count = oip.limits.max_header_count if oip else 100
             size = min(oip.limits.max_header_bytes, self.max_header_bytes) if oip else \
                 self.max_header_bytes
-            body = min(READ_BUFFER_BYTES, oip.body_reader.max_bytes) if oip else 0
+            # a body up to the app's own limit is framed whole (past it, the Python server
+            # words the 413); the app's body reader would hold as much of it anyway
+            body = oip.body_reader.max_bytes if oip else 0
             status, busy, headers = error_parts(Unavailable(
                 "this server holds its limit of connections (ingress.max_connections); "
                 "retry shortly"))

@@ -286,3 +286,25 @@ def test_http_1_0_and_any_method_but_connect_are_handed_over_whole_and_answered_
     # the PUT's answer closes (its body unread): the HEAD after it is never answered
     assert [g.count(b"HTTP/1.1 ") for g in python] == [1, 2, 3, 1]
     assert stats["switched"] == 0 and stats["requests"] >= 7, stats
+
+
+def test_a_body_past_the_read_buffer_is_framed_whole_and_learnt_as_a_plan():
+    big = [float(i % 97) for i in range(40_000)]  # 160 KB of tensor: past a 64 KB read
+
+    async def main(front: bool):
+        async with Served(front=front) as s:
+            r, w = await s.connect()
+            got = []
+            for _ in range(3):
+                w.write(binary(big))
+                a = await read_response(r)
+                got.append((a.status, a.body))
+            w.close()
+            return got, (s.server.stats() if front else {})
+
+    python, _ = run(main(False))
+    front, stats = run(main(True))
+    assert front == python and [status for status, _ in python] == [200] * 3
+    assert struct.unpack("<3f", python[0][1][-12:]) == tuple(float(x * x) for x in big[-3:])
+    # the first teaches the plan (handed over whole), the rest are queued by the front
+    assert stats["requests"] == 1 and stats["fast"] == 2 and stats["switched"] == 0, stats
