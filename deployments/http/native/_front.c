@@ -27,9 +27,10 @@
  *   slow or cut-short request - turns the connection over to Python ("Python mode"): what
  *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
  *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
- *   broken clients; once that connection is idle again, Python hands it back (`release`).
- *   So what this file answers itself is only what the Python server answered the same way
- *   before, and every refusal is the Python server's.
+ *   broken clients, for the rest of the connection's life: it never comes back, so no
+ *   byte is framed by one parser after the other. What this file answers itself is only
+ *   what the Python server answered the same way before, and every refusal is the Python
+ *   server's.
  *
  * Locking: one mutex over everything; the front's thread never takes the GIL, and the
  * calls from Python release the GIL while they wait for the mutex and write.
@@ -118,7 +119,6 @@ typedef struct {
     size_t need;                  /* bytes of the request being received, once its head is */
     uint32_t events;              /* what epoll watches now */
     double last_io, partial_since, linger_until;
-    uint64_t fwd;                 /* reads forwarded to Python in Python mode */
 } conn_t;
 
 typedef struct { char *key; size_t keylen; uint64_t hash; int32_t id; uint32_t payload; int size; } plan_t;
@@ -318,7 +318,7 @@ static void try_switch(Front *f, uint32_t slot) {
     if (!c->open || c->mode != M_C || !c->want_py || c->write_seq != c->next_seq) return;
     size_t n = c->in.len - c->in_off;
     if (push_ev(f, EV_ADOPT, slot, c->gen, c->eof, c->in.p + c->in_off, n)) return;
-    c->mode = M_PY; c->want_py = 0; c->in.len = c->in_off = 0; c->fwd = 0;
+    c->mode = M_PY; c->want_py = 0; c->in.len = c->in_off = 0;
     c->partial_since = 0; c->py_paused = 0; c->unacked = 0;
     f->n_switched++;
     watch(f, slot);
@@ -846,7 +846,7 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
         return;
     }
     if (n == 0) { c->eof = 1; push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0); }
-    else { c->fwd++; c->unacked = 1; push_ev(f, EV_DATA, slot, c->gen, 0, chunk, n); }
+    else { c->unacked = 1; push_ev(f, EV_DATA, slot, c->gen, 0, chunk, n); }
     watch(f, slot);
 }
 
@@ -1486,25 +1486,6 @@ static PyObject *Front_control(Front *f, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* release(cid, forwarded) -> bool: Python's connection is idle having read `forwarded`
- * reads: the front parses this connection again. */
-static PyObject *Front_release(Front *f, PyObject *args) {
-    unsigned long long cid, fwd;
-    if (!PyArg_ParseTuple(args, "KK", &cid, &fwd)) return NULL;
-    int ok = 0;
-    LOCK(f);
-    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
-    if (c && c->fwd == fwd && !c->eof && !c->close_after && !c->shut_after && f->fast_on &&
-        !f->closing) {
-        c->mode = M_C; c->py_paused = 0; c->unacked = 0; c->over_high = 0; c->no_more = 0;
-        c->close_seq_set = 0; c->want_py = 0; c->partial_since = 0; c->need = 0;
-        ok = 1;
-        watch(f, slot);
-    }
-    UNLOCK(f);
-    return PyBool_FromLong(ok);
-}
-
 /* fast(on): off (draining), every request goes to Python; accept(on): take connections */
 static PyObject *Front_set(Front *f, PyObject *args) {
     int fast, acc;
@@ -1602,7 +1583,6 @@ static PyMethodDef Front_methods[] = {
     {"write", (PyCFunction)Front_write, METH_VARARGS, "a request event's answer"},
     {"send", (PyCFunction)Front_send, METH_VARARGS, "Python mode: write"},
     {"control", (PyCFunction)Front_control, METH_VARARGS, "Python mode: close, shut, pause"},
-    {"release", (PyCFunction)Front_release, METH_VARARGS, "Python mode ends"},
     {"set", (PyCFunction)Front_set, METH_VARARGS, "fast lane and accepting on or off"},
     {"stats", (PyCFunction)Front_stats, METH_NOARGS, "counters"},
     {"addresses", (PyCFunction)Front_addresses, METH_VARARGS, "peer and local address"},

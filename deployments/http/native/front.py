@@ -21,11 +21,13 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
 - **Requests handed over whole.** Any other request the front frames whole and the
   Python server would take as it is comes as one event and is answered by the Python
   server's rules, written back in the connection's order (`deployments.http.native.exchange`).
-- **Python mode.** The odd rest (chunked or large bodies, bent or slow requests,
-  `Expect`, `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
-  bytes to a `Connection` over a transport of the front's (`_Transport`), which reads and
-  writes through the front's thread; when it is idle again (no request under way, nothing
-  buffered, no close asked) the front takes it back.
+- **Python mode.** The odd rest (a chunked body, bent or slow requests, `Expect`,
+  `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
+  bytes, from the start of a request, to a `Connection` over a transport of the front's
+  (`_Transport`), which reads and writes through the front's thread, for the rest of the
+  connection's life. It never comes back: the Python server's parser may hold bytes of
+  the next request at any moment, and a connection framed by one parser and then the
+  other could be read two ways.
 
 What a client sees is the same either way (tests/unit/deployments/http/test_front.py and
 test_front_hostile.py send the same bytes through both): same bytes for the same
@@ -94,31 +96,9 @@ class _LearningCycle(Cycle):
 
 
 class _Connection(Connection):
-    """A connection in Python mode; handed back to the front once idle."""
+    """A connection in Python mode, for the rest of its life."""
 
     cycle_class = _LearningCycle
-    begun = False  # the parser has taken bytes of a request it has not finished
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self.begun = True
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self.begun = False
-
-    def done(self, cycle: Cycle) -> None:
-        super().done(cycle)
-        # Handed back only between requests: a slice fed to the parser may end inside the
-        # next request (llhttp then holds its first bytes), and those bytes are not the
-        # front's to frame again.
-        if (not self.closed and not self.cycles and not self.inbuf and self.in_head
-                and not self.begun and self.parsing is None and self.rejection is None
-                and not self.no_more and self.lingering is None and not self.eof
-                and not self.write_paused and not self.waiting and not self.pumping
-                and self.transport.release()):
-            self.closed = True  # this object is done with; the front has the socket
-            self.server.connections.discard(self)
 
 
 class _Transport(asyncio.Transport):
@@ -127,7 +107,6 @@ class _Transport(asyncio.Transport):
     def __init__(self, server: FrontServer, cid: int, protocol: Connection) -> None:
         super().__init__()
         self.server, self.front, self.cid, self.protocol = server, server.front, cid, protocol
-        self.reads = 0  # reads handed to the protocol (the front hands back after them)
         self.closing = self.write_paused = False
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -182,13 +161,6 @@ class _Transport(asyncio.Transport):
             self.front.control(self.cid, how)
             self.server.transports.pop(self.cid, None)
             self.server._loop.call_soon(self.protocol.connection_lost, None)
-
-    def release(self) -> bool:
-        if self.closing or not self.front.release(self.cid, self.reads):
-            return False
-        self.closing = True
-        self.server.transports.pop(self.cid, None)
-        return True
 
 
 class FrontServer(HttpServer):
@@ -300,7 +272,6 @@ class FrontServer(HttpServer):
                     self.exchanges.eof(cid)
                 return
             if kind == _front.DATA:
-                t.reads += 1
                 t.protocol.data_received(data)
                 if not t.closing:
                     front.control(cid, 5)  # taken: the front reads the next

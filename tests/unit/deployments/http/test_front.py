@@ -6,7 +6,7 @@ JSON infer requests the front queues itself, with numbers spelled every way JSON
 values out of range, wrong counts, other routes, bad JSON, closes) over several
 connections at once to the Python server alone and to the front, and compares every
 answer; the rest pin what the front decides itself: when a connection goes to the
-Python server and back, what a client that never reads may make it hold, slow requests,
+Python server, what a client that never reads may make it hold, slow requests,
 keep-alive, draining, stopping.
 """
 
