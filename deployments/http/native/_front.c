@@ -23,8 +23,8 @@
  *   event (EV_REQUEST: its method, target, headers and body), never as bytes to frame
  *   again; Python answers it by the Python server's rules and hands the answer's bytes
  *   back (`write`, streamed or whole), written in the connection's order;
- * - the odd rest - a bent or broken request, a chunked or large body, Expect, Upgrade, a
- *   slow or cut-short request - turns the connection over to Python ("Python mode"): what
+ * - the odd rest - a bent or broken request, a chunked body, Expect, Upgrade, a slow
+ *   body or a cut-short request (a slow head stays here: refused past header_timeout_s) - turns the connection over to Python ("Python mode"): what
  *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
  *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
  *   broken clients, for the rest of the connection's life: it never comes back, so no
@@ -157,6 +157,7 @@ typedef struct {
     buf_t arena, arrivals;
     ev_t *ev_head, *ev_tail;
     buf_t busy; /* the whole 503 for a connection past max_conns */
+    buf_t slow_head; double header_timeout_s; /* the whole 408 for a head too slow, and when */
     uint64_t n_fast, n_requests, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
     int json_plans;
     int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
@@ -953,6 +954,21 @@ static void do_accept(Front *f, double now) {
     }
 }
 
+static int put(Front *f, uint64_t token, const char *d, size_t n, int last, int close);
+
+/* The head arriving on `slot` took too long: the 408 is the answer in its turn (after those
+ * of the requests before it), nothing more is read (what was is dropped), then a lingering
+ * close. */
+static void slow_head(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    uint64_t token = ((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
+                     (c->next_seq & SEQ_MASK);
+    c->next_seq++;
+    c->in.len = c->in_off = 0; c->partial_since = 0; c->no_more = 1;
+    put(f, token, f->slow_head.p, f->slow_head.len, 1, 1);
+    if (c->open) flush(f, slot);
+}
+
 static void sweep(Front *f, double now) {
     for (uint32_t s = 0; s < f->nslots; s++) {
         conn_t *c = &f->conns[s];
@@ -961,8 +977,12 @@ static void sweep(Front *f, double now) {
             if (now > c->linger_until) close_conn(f, s, 0);
         } else if (c->mode == M_C) {
             if (idle(c) && (f->closing || now - c->last_io > f->keep_alive_s)) close_conn(f, s, 0);
-            else if (c->partial_since && now - c->partial_since > f->partial_s) {
-                c->want_py = 1;  /* a slow request: the Python server's timeouts apply */
+            else if (c->partial_since && !c->need && f->slow_head.len) {
+                /* a head still arriving: past header_timeout_s it is refused (408) in its
+                 * turn, as the Python server refuses it, and the connection ends */
+                if (now - c->partial_since > f->header_timeout_s) slow_head(f, s);
+            } else if (c->partial_since && now - c->partial_since > f->partial_s) {
+                c->want_py = 1;  /* a slow body: the Python server's timeouts apply */
                 try_switch(f, s);
             }
         }
@@ -1012,16 +1032,22 @@ static void after_answers(Front *f, uint32_t slot);
 static int Front_init(Front *f, PyObject *args, PyObject *kw) {
     static char *names[] = {"fd", "max_connections", "max_pipelined", "max_header_count",
                             "max_header_bytes", "max_body_bytes", "max_unsent_bytes",
-                            "keep_alive_s", "partial_s", "busy", NULL};
+                            "keep_alive_s", "partial_s", "busy", "header_timeout_s",
+                            "slow_head", NULL};
     int fd;
     unsigned int mc, mp, mhc, mhb, mb;
     Py_ssize_t hw;
-    double ka, ps;
-    Py_buffer busy;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iIIIIInddy*", names, &fd, &mc, &mp, &mhc, &mhb,
-                                     &mb, &hw, &ka, &ps, &busy))
+    double ka, ps, ht = 0;
+    Py_buffer busy, slow = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iIIIIInddy*|dy*", names, &fd, &mc, &mp, &mhc,
+                                     &mhb, &mb, &hw, &ka, &ps, &busy, &ht, &slow))
         return -1;
-    if (f->started) { PyBuffer_Release(&busy); PyErr_SetString(PyExc_RuntimeError, "started"); return -1; }
+    if (f->started) {
+        PyBuffer_Release(&busy); if (slow.buf) PyBuffer_Release(&slow);
+        PyErr_SetString(PyExc_RuntimeError, "started"); return -1;
+    }
+    if (slow.buf) { buf_add(&f->slow_head, slow.buf, slow.len); PyBuffer_Release(&slow); }
+    f->header_timeout_s = ht;
     pthread_mutex_init(&f->mu, NULL);
     f->max_conns = mc ? mc : 1; f->max_pipe = mp ? mp : 1; f->max_header_count = mhc;
     /* a head the front serves: what the Python server never refuses as too long (its bound,
@@ -1077,7 +1103,7 @@ static void Front_dealloc(Front *f) {
     stop_thread(f);
     for (ev_t *e = f->ev_head; e;) { ev_t *n = e->next; free(e); e = n; }
     for (int i = 0; i < NPLANS; i++) free(f->plans[i].key);
-    buf_free(&f->arena); buf_free(&f->arrivals); buf_free(&f->busy);
+    buf_free(&f->arena); buf_free(&f->arrivals); buf_free(&f->busy); buf_free(&f->slow_head);
     free(f->conns); free(f->freelist);
     if (f->started || f->conns) pthread_mutex_destroy(&f->mu);
     Py_TYPE(f)->tp_free((PyObject *)f);

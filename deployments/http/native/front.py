@@ -21,7 +21,7 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
 - **Requests handed over whole.** Any other request the front frames whole and the
   Python server would take as it is comes as one event and is answered by the Python
   server's rules, written back in the connection's order (`deployments.http.native.exchange`).
-- **Python mode.** The odd rest (a chunked body, bent or slow requests, `Expect`,
+- **Python mode.** The odd rest (a chunked body, bent requests, a slow body, `Expect`,
   `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
   bytes, from the start of a request, to a `Connection` over a transport of the front's
   (`_Transport`), which reads and writes through the front's thread, for the rest of the
@@ -54,7 +54,8 @@ from deployments.http.native.exchange import Exchanges
 from deployments.http.oip.errors import Unavailable, error_parts
 from deployments.http.pyserver.connection import Connection
 from deployments.http.pyserver.cycle import Cycle, error_response
-from deployments.http.pyserver.server import HttpServer, connection_room
+from deployments.http.pyserver.server import HttpServer, connection_room, slow_head
+from deployments.protocol import error_body
 
 try:
     from deployments.http.native import _front
@@ -204,7 +205,8 @@ class FrontServer(HttpServer):
             self.front = _front.Front(
                 sock.fileno(), self.max_connections, self.max_pipelined, count, size, body,
                 self.max_unsent_bytes,
-                self.keep_alive_s, PARTIAL_S, error_response(status, busy, headers))
+                self.keep_alive_s, PARTIAL_S, error_response(status, busy, headers),
+                self.header_timeout_s, error_response(408, error_body(slow_head(self))))
             self.exchanges.front = self.front
         finally:
             sock.close()  # the front holds its own descriptor

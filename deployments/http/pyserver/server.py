@@ -267,8 +267,7 @@ class HttpServer:
                 if now > c.lingering:
                     c.close()
             elif c.header_timeout(now):
-                c.refuse(408, f"the request's head took over {self.header_timeout_s} s "
-                               "(ingress.header_timeout_s); send it at once")
+                c.refuse(408, slow_head(self))
             elif not c.busy and now - c.last_read > self.keep_alive_s:
                 c.close()
             elif c.busy and now - c.last_read > 1.0:
@@ -277,5 +276,11 @@ class HttpServer:
             self._sweeper = self._loop.call_later(1.0, self._sweep)
 
 
-__all__ = ["READ_BUFFER_BYTES", "HttpServer", "claim_port"]
+def slow_head(server: HttpServer) -> str:
+    """What a client whose request head took too long is told (408), by either server."""
+    return (f"the request's head took over {server.header_timeout_s} s "
+            "(ingress.header_timeout_s); send it at once")
+
+
+__all__ = ["READ_BUFFER_BYTES", "HttpServer", "claim_port", "slow_head"]
 

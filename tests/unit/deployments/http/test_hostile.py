@@ -144,12 +144,15 @@ def test_a_client_that_never_reads_is_not_read_either(server_kind):
     assert unsent <= mark + 64 * 2**10, unsent
 
 
-def test_slowloris_heads_get_408_and_do_not_delay_others():
+def test_slowloris_heads_get_408_and_do_not_delay_others(server_kind):
     """Heads sent a byte at a time: ordinary requests are answered while they trickle in,
     the bytes do not move when each head began (the header timeout counts from its first
     byte), and the sweep refuses each with 408 once that is longer ago than
     header_timeout_s. The sweep's own timer never refuses here (an hour): the test runs it
     as that timer would, with the timeout set to 0."""
+    if server_kind == "front":
+        _slowloris_behind_the_front()
+        return
     with ServerThread("oip", header_timeout_s=3600.0, keep_alive_s=3600.0) as server:
         slow = [server.connect() for _ in range(200)]
         head = b"GET /v2/health/live HTTP/1.1\r\nhost: a\r\nx-a: "
@@ -179,6 +182,36 @@ def test_slowloris_heads_get_408_and_do_not_delay_others():
         server.call(sweep)  # as its timer would, once header_timeout_s has passed
         answers = [exchange(s, b"", half_close=False, timeout_s=30) for s in slow]
     assert all(a.statuses == [408] and a.closed for a in answers), answers[0]
+
+
+def _slowloris_behind_the_front() -> None:
+    """Behind the front a head arriving slowly stays the front's: ordinary requests are
+    answered around 200 of them, and each is refused (408, then closed) once
+    header_timeout_s has passed since its first byte while its bytes still trickle in (a
+    timer the bytes reset would never refuse one here)."""
+    with ServerThread("oip", header_timeout_s=2.0, keep_alive_s=3600.0) as server:
+        slow = [server.connect() for _ in range(200)]
+        head = b"GET /v2/health/live HTTP/1.1\r\nhost: a\r\nx-a: " + b"a" * 8000
+        got = [b""] * len(slow)
+        for i in range(len(head)):
+            if all(b"\r\n\r\n" in g for g in got):
+                break
+            for k, s in enumerate(slow):
+                try:
+                    s.sendall(head[i:i + 1])
+                    s.setblocking(False)
+                    got[k] += s.recv(65536)
+                except (BlockingIOError, ConnectionError):
+                    pass  # nothing yet; or refused, and its lingering close is over
+                finally:
+                    s.setblocking(True)
+            assert exchange(server.port, LIVE, count=1, timeout_s=30).statuses == [200], i
+        stats = server.call(server.server.stats)
+        for s in slow:
+            s.close()
+    assert all(g.startswith(b"HTTP/1.1 408 ") and b"connection: close" in g for g in got), \
+        next(g for g in got if not g.startswith(b"HTTP/1.1 408 "))
+    assert stats["python_mode"] == 0 and stats["switched"] == 0, stats
 
 
 def test_past_max_connections_an_idle_one_makes_room_else_503():
