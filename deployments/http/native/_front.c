@@ -23,8 +23,8 @@
  *   event (EV_REQUEST: its method, target, headers and body), never as bytes to frame
  *   again; Python answers it by the Python server's rules and hands the answer's bytes
  *   back (`write`, streamed or whole), written in the connection's order;
- * - the odd rest - a bent or broken request, a chunked body, Expect, Upgrade, a slow
- *   body or a cut-short request (a slow head stays here: refused past header_timeout_s) - turns the connection over to Python ("Python mode"): what
+ * - the odd rest - a bent or broken request, a large chunked body, Expect, Upgrade, a
+ *   slow body or a cut-short request (a slow head stays here: refused past header_timeout_s) - turns the connection over to Python ("Python mode"): what
  *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
  *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
  *   broken clients, for the rest of the connection's life: it never comes back, so no
@@ -134,6 +134,7 @@ typedef struct {
     const char *name; size_t name_len; const char *value; size_t value_len;
     uint32_t count; size_t bytes;
     int hosts, refuse, coded, headers_done, complete, has_json, plain, minor;
+    int te, chunked, copy;   /* Transfer-Encoding fields, `chunked` alone; copy its body */
     uint64_t json, length;
     const char *body; size_t body_len;
     field_t fields[MAX_FIELDS];
@@ -158,6 +159,7 @@ typedef struct {
     ev_t *ev_head, *ev_tail;
     buf_t busy; /* the whole 503 for a connection past max_conns */
     buf_t slow_head; double header_timeout_s; /* the whole 408 for a head too slow, and when */
+    buf_t chunks;            /* a chunked request's body, its pieces copied together */
     uint64_t n_fast, n_requests, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
     int json_plans;
     int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
@@ -527,9 +529,9 @@ enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2, R_REQUEST = 3 };
  * paused at its end. Its head is read as httptools hands it to the Python server (a header
  * is a name and the value after it; headers counted, and their bytes summed, the same
  * way). A whole request that the Python server would frame the same and take as it is
- * (HTTP/1.1 with one Host or HTTP/1.0 with at most one, any method but CONNECT, no
- * Transfer-Encoding, Expect or Upgrade, within the header and body limits, an origin-form
- * target) is the front's: queued for its
+ * (HTTP/1.1 with one Host or HTTP/1.0 with at most one, any method but CONNECT, no Expect
+ * or Upgrade, Transfer-Encoding only `chunked` alone in HTTP/1.1 and within a head's bound,
+ * within the header and body limits, an origin-form target) is the front's: queued for its
  * plan (`plain`, a plan found), or else handed to Python whole, as a request event, and
  * its answer written in its turn. Anything else is the Python server's to frame and answer
  * on the connection (Python mode). */
@@ -538,6 +540,11 @@ enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2, R_REQUEST = 3 };
 static void rq_header(rq_t *r) {
     if (!r->value) return;
     const char *n = r->name; size_t nn = r->name_len, vn = r->value_len;
+    if (r->headers_done) {  /* a chunked body's trailer field: counted, never used */
+        r->bytes += nn + vn;
+        r->name = r->value = NULL; r->name_len = r->value_len = 0;
+        return;
+    }
     if (r->count < MAX_FIELDS)
         r->fields[r->count] = (field_t){n, nn, r->value, vn};
     r->count++;
@@ -548,8 +555,14 @@ static void rq_header(rq_t *r) {
         r->has_json = 1;
     } else if (lower_eq(n, nn, "content-encoding")) {
         r->coded = 1;  /* the app decodes it: no plan's bytes */
-    } else if (lower_eq(n, nn, "transfer-encoding") || lower_eq(n, nn, "expect") ||
-               lower_eq(n, nn, "upgrade")) {
+    } else if (lower_eq(n, nn, "transfer-encoding")) {
+        /* exactly `chunked` (blanks around it aside) is the front's to frame */
+        const char *v = r->value;
+        while (vn && (*v == ' ' || *v == '\t')) { v++; vn--; }
+        while (vn && (v[vn - 1] == ' ' || v[vn - 1] == '\t')) vn--;
+        r->te++;
+        r->chunked = lower_eq(v, vn, "chunked");
+    } else if (lower_eq(n, nn, "expect") || lower_eq(n, nn, "upgrade")) {
         r->refuse = 1;
     }
     r->name = r->value = NULL; r->name_len = r->value_len = 0;
@@ -597,8 +610,11 @@ static int rq_headers(llhttp_t *p) {
     r->headers_done = 1;
     r->length = p->content_length;
     int method = llhttp_get_method(p);
+    /* chunked: one Transfer-Encoding field, `chunked`, in HTTP/1.1 (RFC 9112 6.1) */
+    int chunked = r->te == 1 && r->chunked && p->http_minor == 1 && (p->flags & F_CHUNKED);
+    r->chunked = chunked;
     if (r->refuse || method == HTTP_CONNECT || p->http_major != 1 || p->http_minor > 1 ||
-        p->upgrade || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)) ||
+        p->upgrade || (!chunked && (r->te || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)))) ||
         r->hosts > 1 || (p->http_minor == 1 && r->hosts != 1) ||  /* RFC 9112 3.2 */
         r->count > f->max_header_count || r->count > MAX_FIELDS ||
         r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
@@ -619,6 +635,12 @@ static int rq_headers(llhttp_t *p) {
 
 static int rq_body(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
+    if (r->chunked) {  /* pieces between chunk lines: copied together once it is whole */
+        r->body_len += n;
+        if (r->body_len > ((Front *)r->f)->max_body) return -1;  /* the 413 is Python's */
+        if (r->copy && buf_add(&((Front *)r->f)->chunks, at, n)) return -1;
+        return 0;
+    }
     if (!r->body) r->body = at;
     if (r->body + r->body_len != at) return -1;
     r->body_len += n;
@@ -626,6 +648,7 @@ static int rq_body(llhttp_t *p, const char *at, size_t n) {
 }
 
 static int rq_complete(llhttp_t *p) {
+    rq_header(p->data);  /* a chunked body's last trailer field */
     ((rq_t *)p->data)->complete = 1;
     return HPE_PAUSED; /* the next request is framed on its own */
 }
@@ -659,11 +682,33 @@ static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **p
         /* unfinished: a head past the front's bound is Python's; a framed head tells how
          * much of the body is still to come */
         if (!r->headers_done) return n > f->max_head ? R_SWITCH : R_MORE;
+        if (r->chunked) {  /* the front frames a chunked request of up to a head's bound */
+            if (n >= f->max_head) return R_SWITCH;
+            *need = f->max_head;
+            return R_MORE;
+        }
         *need = n + (size_t)(r->length - r->body_len);
         return R_MORE;
     }
     if (err != HPE_PAUSED || !r->complete) return R_SWITCH;
     size_t whole = llhttp_get_error_pos(&parser) - p;
+    if (r->bytes > f->max_header_bytes) return R_SWITCH;  /* a trailer past the limit: 431 */
+    if (r->chunked) {
+        if (whole > f->max_head) return R_SWITCH;
+        /* whole: once more, its pieces copied together (the body Python is handed) */
+        f->chunks.len = 0;
+        memset(r, 0, offsetof(rq_t, fields));
+        r->f = f; r->copy = 1;
+        llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
+        parser.data = r;
+        if (llhttp_execute(&parser, p, whole) != HPE_PAUSED || !r->complete ||
+            f->chunks.len != r->body_len)
+            return R_SWITCH;
+        *used = whole;
+        *close = !llhttp_should_keep_alive(&parser);
+        r->body = f->chunks.p;
+        return R_REQUEST;
+    }
     if (whole - r->body_len > f->max_head || r->body_len != r->length) return R_SWITCH;
     *used = whole;
     *close = !llhttp_should_keep_alive(&parser);
@@ -702,15 +747,17 @@ static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const
                         const char *p, size_t used) {
     uint32_t nf = r->count;
     size_t head = 8 + sizeof(uint32_t[8]) + 16 * (size_t)nf;
-    ev_t *e = malloc(sizeof(ev_t) + head + used);
+    size_t extra = r->chunked ? r->body_len : 0;  /* a chunked body, decoded, after the bytes */
+    ev_t *e = malloc(sizeof(ev_t) + head + used + extra);
     if (!e) return -1;
     conn_t *c = &f->conns[slot];
-    e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = 0; e->len = head + used;
+    e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = 0;
+    e->len = head + used + extra;
     e->next = NULL;
     char *w = e->data;
-    uint32_t hdr[8] = {(uint32_t)keep | (uint32_t)r->minor << 8, nf, (uint32_t)(r->method - p), (uint32_t)r->method_len,
-                       (uint32_t)(r->url - p), (uint32_t)r->url_len,
-                       (uint32_t)(r->body - p), (uint32_t)r->body_len};
+    uint32_t hdr[8] = {(uint32_t)keep | (uint32_t)r->minor << 8, nf, (uint32_t)(r->method - p),
+                       (uint32_t)r->method_len, (uint32_t)(r->url - p), (uint32_t)r->url_len,
+                       (uint32_t)(extra ? used : (size_t)(r->body - p)), (uint32_t)r->body_len};
     memcpy(w, &token, 8);
     memcpy(w + 8, hdr, sizeof hdr);
     uint32_t *fw = (uint32_t *)(w + 8 + sizeof hdr);
@@ -720,6 +767,7 @@ static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const
         fw[4 * i + 2] = (uint32_t)(fl->value - p); fw[4 * i + 3] = (uint32_t)fl->value_len;
     }
     memcpy(w + head, p, used);
+    if (extra) memcpy(w + head + used, r->body, extra);
     if (f->ev_tail) f->ev_tail->next = e; else f->ev_head = e;
     f->ev_tail = e;
     return 0;
@@ -1104,6 +1152,7 @@ static void Front_dealloc(Front *f) {
     for (ev_t *e = f->ev_head; e;) { ev_t *n = e->next; free(e); e = n; }
     for (int i = 0; i < NPLANS; i++) free(f->plans[i].key);
     buf_free(&f->arena); buf_free(&f->arrivals); buf_free(&f->busy); buf_free(&f->slow_head);
+    buf_free(&f->chunks);
     free(f->conns); free(f->freelist);
     if (f->started || f->conns) pthread_mutex_destroy(&f->mu);
     Py_TYPE(f)->tp_free((PyObject *)f);

@@ -21,8 +21,8 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
 - **Requests handed over whole.** Any other request the front frames whole and the
   Python server would take as it is comes as one event and is answered by the Python
   server's rules, written back in the connection's order (`deployments.http.native.exchange`).
-- **Python mode.** The odd rest (a chunked body, bent requests, a slow body, `Expect`,
-  `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
+- **Python mode.** The odd rest (a large chunked body, bent requests, a slow body,
+  `Expect`, `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
   bytes, from the start of a request, to a `Connection` over a transport of the front's
   (`_Transport`), which reads and writes through the front's thread, for the rest of the
   connection's life. It never comes back: the Python server's parser may hold bytes of

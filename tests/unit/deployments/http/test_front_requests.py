@@ -61,8 +61,9 @@ def test_requests_without_a_plan_go_to_python_whole_and_only_odd_ones_take_the_c
         async with Served(front=True) as s:
             r, w = await s.connect()
             seen = []
+            expect = binary([7.0, 8.0]).replace(b"\r\n\r\n", b"\r\nexpect: 100-continue\r\n\r\n", 1)
             for raw in [binary([1.0, 2.0]), binary([3.0, 4.0]), request("GET", "/v2/health/live"),
-                        chunked(binary([5.0, 6.0])), binary([7.0, 8.0])]:
+                        chunked(binary([5.0, 6.0])), expect, binary([9.0, 1.0])]:
                 w.write(raw)
                 a = await read_response(r)
                 st = s.server.stats()
@@ -72,10 +73,45 @@ def test_requests_without_a_plan_go_to_python_whole_and_only_odd_ones_take_the_c
 
     # (status, queued by the front, handed to Python whole, connections handed over): the
     # first is Python's, whole (it teaches the plan), the second the front's, the health
-    # check Python's, whole; the chunked one the Python server frames itself, on the
-    # connection, which stays the Python server's: the last is its too
-    assert run(main()) == [(200, 0, 1, 0), (200, 1, 1, 0), (200, 1, 2, 0), (200, 1, 2, 1),
-                           (200, 1, 2, 1)]
+    # check and the chunked one Python's, whole; the one with Expect the Python server
+    # frames itself, on the connection, which stays the Python server's: the last is its too
+    assert run(main()) == [(200, 0, 1, 0), (200, 1, 1, 0), (200, 1, 2, 0), (200, 1, 3, 0),
+                           (200, 1, 3, 1), (200, 1, 3, 1)]
+
+
+def test_chunked_requests_are_framed_whole_up_to_a_heads_bound_and_answered_alike():
+    raw = binary([2.0, 3.0])
+    head, body = raw.split(b"\r\n\r\n", 1)
+    lines = b"\r\n".join(ln for ln in head.split(b"\r\n")
+                         if not ln.startswith(b"content-length"))
+    te = lines + b"\r\ntransfer-encoding: chunked\r\n\r\n"
+    cases = [
+        chunked(raw, 7),  # many chunks
+        # a chunk extension and a trailer field
+        te + b"%x;ext=1\r\n%s\r\n0\r\nx-trailer: t\r\n\r\n" % (len(body), body),
+        te.replace(b"chunked", b"Chunked  ") + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body),
+        te + b"%x\r\n%s\r\n0\r\nx-big: %s\r\n\r\n" % (len(body), body, b"t" * 20_000),  # 431
+        chunked(binary([1.5] * 12_000), 4096),  # past a head's bound: the Python server's
+        te.replace(b"chunked", b"gzip, chunked") + b"0\r\n\r\n",  # another coding: 400
+    ]
+
+    async def main(front: bool):
+        async with Served(front=front, max_header_bytes=16 * 1024) as s:
+            got = []
+            for one in cases:
+                r, w = await s.connect()
+                w.write(one)
+                w.write_eof()
+                got.append(await r.read())
+                w.close()
+            return got, (s.server.stats() if front else {})
+
+    python, _ = run(main(False))
+    front, stats = run(main(True))
+    assert front == python
+    assert [g.split(b" ", 2)[1] for g in python] == [b"200", b"200", b"200", b"431", b"200",
+                                                    b"400"]
+    assert stats["requests"] == 3 and stats["switched"] == 3, stats
 
 
 def test_a_stream_behind_a_queued_answer_is_held_until_its_turn_then_follows_it():
