@@ -1356,18 +1356,30 @@ static void answered(Front *f, uint32_t slot) {
 /* An answer for the request `token`: into its connection's output in order. It is the
  * `head` parts (status line and headers), the connection line and blank line, then the
  * `body` parts. */
+/* The open connection bytes of the answer to `token` go to, or NULL where they go nowhere:
+ * a token not outstanding on its slot; a client gone (dropped; the end of its last owed
+ * answer frees the slot); a connection lingering after one that closed it (counted gone).
+ * `last`: these bytes end the answer. */
+static conn_t *answer_to(Front *f, uint64_t token, int last) {
+    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
+    if (slot >= f->nslots) return NULL;
+    conn_t *c = &f->conns[slot];
+    if ((c->gen & GEN_MASK) != gen) return NULL;
+    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK))
+        return NULL;
+    if (!c->open) {
+        if (last && c->reserved && !--c->owed) free_slot(f, slot);
+        return NULL;
+    }
+    if (c->mode == M_LINGER) { c->gone += last; return NULL; }
+    return c;
+}
+
 static void place(Front *f, uint64_t token, const char **head, const size_t *hl, int nh,
                   const char **body, const size_t *bl, int nb, int close) {
-    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
-    if (slot >= f->nslots) return;
-    conn_t *c = &f->conns[slot];
-    if ((c->gen & GEN_MASK) != gen) return;
-    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK)) return;
-    if (!c->open) {  /* its client is gone: the answer is dropped; the last frees the slot */
-        if (c->reserved && !--c->owed) free_slot(f, slot);
-        return;
-    }
-    if (c->mode == M_LINGER) { c->gone++; return; }
+    uint32_t slot = token >> 40, seq = token & SEQ_MASK;
+    conn_t *c = answer_to(f, token, 1);
+    if (!c) return;
     if (close) closes_at(c, seq);
     int last = c->close_seq_set && (c->close_seq & SEQ_MASK) == seq;
     const char *tail = last ? "connection: close\r\n\r\n" : "\r\n";
@@ -1396,16 +1408,9 @@ static void place(Front *f, uint64_t token, const char **head, const size_t *hl,
  * answer is whole; `close`: the connection closes after it. 1 while what waits to be sent
  * on the connection is past the mark: the writer waits for DRAINED. */
 static int put(Front *f, uint64_t token, const char *d, size_t n, int last, int close) {
-    uint32_t slot = token >> 40, gen = (token >> 24) & 0xffff, seq = token & SEQ_MASK;
-    if (slot >= f->nslots) return 0;
-    conn_t *c = &f->conns[slot];
-    if ((c->gen & GEN_MASK) != gen) return 0;
-    if (((seq - c->write_seq) & SEQ_MASK) >= ((c->next_seq - c->write_seq) & SEQ_MASK)) return 0;
-    if (!c->open) {  /* its client is gone: dropped; the last end frees the slot */
-        if (last && c->reserved && !--c->owed) free_slot(f, slot);
-        return 0;
-    }
-    if (c->mode == M_LINGER) { c->gone += last; return 0; }
+    uint32_t slot = token >> 40, seq = token & SEQ_MASK;
+    conn_t *c = answer_to(f, token, last);
+    if (!c) return 0;
     if (close) closes_at(c, seq);
     if ((c->write_seq & SEQ_MASK) == seq) {
         if (buf_add(&c->out, d, n)) { close_conn(f, slot, 0); return 0; }

@@ -59,15 +59,17 @@ def parse_event(data: bytes) -> tuple[int, bool, str, str, bytes, list[tuple[byt
 class Exchange:
     """One request and its answer: the connection (and transport) its `Cycle` sees."""
 
-    __slots__ = ("closed", "cycle", "finished", "line", "loop", "server", "token", "transport")
+    __slots__ = ("closed", "cycle", "finished", "line", "loop", "request", "server", "token",
+                 "transport")
 
-    def __init__(self, line: _Line, token: int) -> None:
+    def __init__(self, line: _Line, token: int, request: tuple) -> None:
         self.line, self.token, self.server = line, token, line.book.server
+        self.request = request  # what `begin` takes: keep-alive, version, method, ...
         self.loop = self.server._loop
         self.transport = self
         self.closed = False  # its client is gone (or the answer closed the connection)
         self.finished = False  # the front was told the answer is whole
-        self.cycle: Any = None
+        self.cycle: Any = None  # once begun
 
     @property
     def writable(self) -> asyncio.Event | None:
@@ -111,8 +113,9 @@ class Exchange:
             self.line.book.front.write(self.token, data, True, close)
 
     # -- the front's side -------------------------------------------------------------------
-    def begin(self, keep: bool, version: str, method: str, target: bytes, headers: list,
-              body: bytes) -> None:
+    def begin(self) -> None:
+        keep, version, method, target, headers, body = self.request
+        self.request = None
         server = self.server
         line = self.line
         cycle = self.cycle = server.cycle_class(self, None, keep)
@@ -160,7 +163,7 @@ class _Line:
 
     def __init__(self, book: Exchanges, cid: int) -> None:
         self.book, self.cid = book, cid
-        self.queue: deque[tuple[Exchange, tuple]] = deque()
+        self.queue: deque[Exchange] = deque()
         self.writable: asyncio.Event | None = None
         self.pumping = False
         self.closing = False  # an answer closes the connection: the rest are not run
@@ -175,19 +178,18 @@ class _Line:
             return
         self.pumping = True
         try:
-            while self.queue and self.queue[0][1] is not None:
-                ex, args = self.queue[0]
-                self.queue[0] = (ex, None)
+            while self.queue and self.queue[0].cycle is None:
+                ex = self.queue[0]
                 if self.closing:  # after an answer that closes: never run, never written
                     ex.gone()
                     self.next(ex)
                 else:
-                    ex.begin(*args)
+                    ex.begin()
         finally:
             self.pumping = False
 
     def next(self, ex: Exchange) -> None:
-        if self.queue and self.queue[0][0] is ex:
+        if self.queue and self.queue[0] is ex:
             self.queue.popleft()
             if not self.queue:
                 self.book.idle(self)
@@ -206,7 +208,7 @@ class _Line:
         """The client sends no more: every request learns it (`http.disconnect` once its
         body is read: a stream ends), as the Python server's `eof_received` tells them."""
         self.eof = True
-        for ex, _ in self.queue:
+        for ex in self.queue:
             if ex.cycle is not None:
                 ex.cycle.disconnected = True
                 ex.cycle.wake()
@@ -214,7 +216,7 @@ class _Line:
     def gone(self) -> None:
         self.book.lines.pop(self.cid, None)
         queue, self.queue = self.queue, deque()
-        for ex, _ in queue:
+        for ex in queue:
             ex.gone()
         self.drained()  # a stream waiting to write ends (it finds its client gone)
 
@@ -253,14 +255,13 @@ class Exchanges:
         line = self.lines.get(cid)
         if line is None:
             line = self.lines[cid] = _Line(self, cid)
-        line.queue.append((Exchange(line, token), tuple(request)))
+        line.queue.append(Exchange(line, token, tuple(request)))
         line.pump()
 
-    def gone(self, cid: int) -> bool:
+    def gone(self, cid: int) -> None:
         line = self.lines.get(cid)
         if line is not None:
             line.gone()
-        return line is not None
 
     def eof(self, cid: int) -> None:
         line = self.lines.get(cid)

@@ -47,6 +47,25 @@ def generate(prompt: str, tokens: int) -> bytes:
                                                "max_tokens": tokens}).encode())
 
 
+def both_servers(cases: list[bytes], **limits) -> tuple[list[bytes], list[bytes], dict]:
+    """Each of `cases` on a connection of its own, then a half-close, read to the server's
+    close: from the Python server alone and from the front (with the front's stats)."""
+    async def main(front: bool):
+        async with Served(front=front, **limits) as s:
+            got = []
+            for raw in cases:
+                r, w = await s.connect()
+                w.write(raw)
+                w.write_eof()
+                got.append(await r.read())
+                w.close()
+            return got, (s.server.stats() if front else {})
+
+    python, _ = run(main(False))
+    front, stats = run(main(True))
+    return python, front, stats
+
+
 def chunked(raw: bytes, piece: int = 40) -> bytes:
     """`raw` (a whole request with a Content-Length) sent with chunked transfer coding."""
     head, body = raw.split(b"\r\n\r\n", 1)
@@ -95,19 +114,7 @@ def test_chunked_requests_are_framed_whole_up_to_a_heads_bound_and_answered_alik
         te.replace(b"chunked", b"gzip, chunked") + b"0\r\n\r\n",  # another coding: 400
     ]
 
-    async def main(front: bool):
-        async with Served(front=front, max_header_bytes=16 * 1024) as s:
-            got = []
-            for one in cases:
-                r, w = await s.connect()
-                w.write(one)
-                w.write_eof()
-                got.append(await r.read())
-                w.close()
-            return got, (s.server.stats() if front else {})
-
-    python, _ = run(main(False))
-    front, stats = run(main(True))
+    python, front, stats = both_servers(cases, max_header_bytes=16 * 1024)
     assert front == python
     assert [g.split(b" ", 2)[1] for g in python] == [b"200", b"200", b"200", b"431", b"200",
                                                     b"400"]
@@ -305,19 +312,7 @@ def test_http_1_0_and_any_method_but_connect_are_handed_over_whole_and_answered_
                                                                          b""),
     ]
 
-    async def main(front: bool):
-        async with Served(front=front) as s:
-            got = []
-            for raw in cases:
-                r, w = await s.connect()
-                w.write(raw)
-                w.write_eof()
-                got.append(await r.read())
-                w.close()
-            return got, (s.server.stats() if front else {})
-
-    python, _ = run(main(False))
-    front, stats = run(main(True))
+    python, front, stats = both_servers(cases)
     assert front == python
     # the PUT's answer closes (its body unread): the HEAD after it is never answered
     assert [g.count(b"HTTP/1.1 ") for g in python] == [1, 2, 3, 1]
