@@ -3,11 +3,10 @@ and the two servers of Raybatch's own that run it. Split by job, in the order a 
 meets them:
 
 native/ (the native front, ingress.native_front)
-    _front.c      a thread of its own holds every socket, frames with llhttp, and queues
-                  the infer requests it recognises; other whole requests go to Python as
-                  request events; only odd ones (chunked, bent, slow) hand pyserver's
-                  Connection the connection, through it
-    front.py      its Python side: the server object, Python mode's transport
+    _front.c      a thread of its own holds every socket, frames every request with
+                  llhttp, and queues the infer requests it recognises; other requests go
+                  to Python as events (whole, or streamed), refusals as events too
+    front.py      its Python side: the server object, the events taken
     exchange.py   request events answered by pyserver's Cycle, written back in order
     blocks.py     plans learnt from the Python server, blocks of queued requests to the
                   engine, their answers; gather.py: blocks filled while a batch is in flight

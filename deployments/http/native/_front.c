@@ -6,31 +6,29 @@
  * Python once per batch. This front does the same for the one request that dominates a
  * serving load, and for nothing else:
  *
- * - a thread of its own (no GIL) accepts, reads and writes every connection (epoll);
- * - a request it frames whole with llhttp (the Python server's parser, built in: one
- *   framing whichever of the two reads a stream) and finds plain (POST, HTTP/1.1,
- *   Content-Length framing, exactly one Host, no coding, no Expect, no Upgrade, within
- *   the header limits as the Python server counts them) whose target and binary JSON
- *   header are byte for byte those of a request the Python server already parsed cleanly
- *   (a *plan*, registered from Python: `add_plan`) is queued: its tensor bytes appended to
- *   one buffer, a token naming its connection and place (a slot is not reused while a
- *   token of it is outstanding);
+ * - a thread of its own (no GIL) accepts, reads and writes every connection (epoll), and
+ *   frames every request on it with llhttp (the Python server's parser, built in), once:
+ *   Python never sees a connection's bytes, so no byte stream is framed by two parsers;
+ * - a request it frames whole and finds plain (POST, HTTP/1.1, Content-Length framing,
+ *   exactly one Host, no coding, no Expect, no Upgrade, within the header limits as the
+ *   Python server counts them) whose target and binary JSON header are byte for byte
+ *   those of a request the Python server already parsed cleanly (a *plan*, registered
+ *   from Python: `add_plan`) is queued: its tensor bytes appended to one buffer, a token
+ *   naming its connection and place (a slot is not reused while a token of it is
+ *   outstanding);
  * - Python takes everything queued in one call per wake-up (`take`), submits each plan's
  *   requests to the engine as one block, and hands the answers back in one call per
  *   block (`answer_parts`, `answer_same`); they are written in each connection's order;
- * - any other request it frames whole and the Python server would take as it is (another
- *   route, a header never seen, a health check, a generation) goes to Python whole, as an
- *   event (EV_REQUEST: its method, target, headers and body), never as bytes to frame
- *   again; Python answers it by the Python server's rules and hands the answer's bytes
- *   back (`write`, streamed or whole), written in the connection's order;
- * - the odd rest - a bent or broken request, a large chunked body, Expect, Upgrade, a
- *   slow body or a cut-short request (a slow head stays here: refused past header_timeout_s) - turns the connection over to Python ("Python mode"): what
- *   was not parsed goes to the Python server's `Connection`, which sees a transport (this
- *   front's `send`, `close`, `pause`, ...) and applies every rule it has for hostile and
- *   broken clients, for the rest of the connection's life: it never comes back, so no
- *   byte is framed by one parser after the other. What this file answers itself is only
- *   what the Python server answered the same way before, and every refusal is the Python
- *   server's.
+ * - any other request goes to Python as an event (EV_REQUEST: its method, target, headers
+ *   and body): whole, or streamed (its head, then its body as it comes, EV_BODY) where its
+ *   head must pass the Python server's framing checks first, it expects 100-continue, or
+ *   its body is large or slow; Python answers it by the Python server's rules and hands
+ *   the answer's bytes back (`write`, streamed or whole), written in the connection's
+ *   order;
+ * - input llhttp or a limit refuses goes to Python as a refusal (EV_REFUSED), worded as
+ *   the Python server words it and answered in its turn; nothing after it is read; a head
+ *   slower than header_timeout_s gets the Python server's 408 from here. What this file
+ *   answers itself is only what the Python server answered the same way before.
  *
  * Locking: one mutex over everything; the front's thread never takes the GIL, and the
  * calls from Python release the GIL while they wait for the mutex and write.
@@ -75,9 +73,11 @@
 #define GEN_MASK ((1u << FRONT_TOKEN_GEN_BITS) - 1)
 #define SEQ_MASK 0xffffffu
 
-enum { M_C = 0, M_PY = 1, M_LINGER = 2 };
-enum { EV_ADOPT = 1, EV_DATA = 2, EV_EOF = 3, EV_LOST = 4, EV_DRAINED = 5, EV_GONE = 6,
-       EV_REQUEST = 7 };
+enum { M_C = 0, M_LINGER = 2 };
+enum { EV_EOF = 3, EV_DRAINED = 5, EV_GONE = 6, EV_REQUEST = 7, EV_BODY = 8, EV_REFUSED = 9 };
+/* what a refusal is (EV_REFUSED), worded by Python as the Python server words it */
+enum { NO_HEAD = 1, NO_URL = 2, NO_HEADERS = 3, NO_MALFORMED = 4 };
+#define STREAM_AHEAD READ_CHUNK /* body bytes of a streamed request Python may hold unread */
 
 typedef struct { char *p; size_t len, cap; } buf_t;
 
@@ -100,7 +100,6 @@ static void buf_free(buf_t *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
 
 /* An answer (or the start of one) that came before an earlier request's on its connection:
  * held until it is that answer's turn. `done`: the whole answer is here. */
-#define MAX_FIELDS 256 /* header fields of a request the front hands Python whole */
 
 typedef struct held { uint32_t seq; int done; buf_t data; struct held *next; } held_t;
 
@@ -115,8 +114,9 @@ typedef struct {
     int close_seq_set; uint32_t close_seq; /* the request that asked to close */
     held_t *held;                 /* answers that came before an earlier one's */
     size_t held_bytes;            /* ... their bytes */
-    int want_py, eof, no_more, py_paused, unacked, over_high, shut_after, close_after;
+    int eof, no_more, over_high, shut_after, close_after;
     size_t need;                  /* bytes of the request being received, once its head is */
+    struct stream *st;            /* the request whose body is streamed to Python, if any */
     uint32_t events;              /* what epoll watches now */
     double last_io, partial_since, linger_until;
 } conn_t;
@@ -133,12 +133,32 @@ typedef struct {
     const char *url; size_t url_len;
     const char *name; size_t name_len; const char *value; size_t value_len;
     uint32_t count; size_t bytes;
-    int hosts, refuse, coded, headers_done, complete, has_json, plain, minor;
+    int hosts, coded, headers_done, complete, has_json, plain, major, minor;
+    int why;    /* a refusal found (NO_HEAD, NO_URL, NO_HEADERS, NO_MALFORMED) */
+    const char *reason; /* llhttp's, for NO_MALFORMED */
+    const char *head_end; /* where the last of the head read so far ends */
+    int expect, pieces, oom;
+    int odd;    /* a head the Python server's framing checks must pass first: streamed */
+    int stream; /* a body the front does not frame whole: streamed */
     int te, chunked, copy;   /* Transfer-Encoding fields, `chunked` alone; copy its body */
     uint64_t json, length;
     const char *body; size_t body_len;
-    field_t fields[MAX_FIELDS];
-} rq_t;
+} rq_t;  /* its header fields are the Front's `fields` (field_t each) */
+
+/* A request whose body goes to Python as it arrives (EV_BODY) rather than whole: a head
+ * the Python server's framing checks must pass first (Expect, CONNECT, Transfer-Encoding,
+ * Host, version), a body past the front's bounds, or one arriving slowly. Its own parser
+ * carries on from the end of its head, which `recognise` read. */
+typedef struct stream {
+    llhttp_t p;
+    void *f; uint32_t slot;
+    uint64_t token;
+    size_t unacked;  /* body bytes handed to Python, not yet taken by its app */
+    size_t bytes;    /* header bytes with the trailer's counted on (the Python server's count) */
+    int gate;        /* the head waits for Python's checks: `more` opens it */
+    int stop;        /* an answer closes the connection: no more of the body is read */
+    int in_head, done, why, oom;
+} stream_t;
 
 typedef struct ev { int kind; uint32_t slot, gen; int flag; size_t len; struct ev *next; char data[]; } ev_t;
 
@@ -160,7 +180,8 @@ typedef struct {
     buf_t busy; /* the whole 503 for a connection past max_conns */
     buf_t slow_head; double header_timeout_s; /* the whole 408 for a head too slow, and when */
     buf_t chunks;            /* a chunked request's body, its pieces copied together */
-    uint64_t n_fast, n_requests, n_switched, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
+    buf_t fields;            /* the header fields of the request being framed (field_t) */
+    uint64_t n_fast, n_requests, n_streams, n_refusals, n_accepted, n_refused, n_loops, n_idle, n_accept_paused;
     int json_plans;
     int spare_fd;            /* held to be closed when no descriptor is left (EMFILE) */
     int accept_paused; double accept_resume;
@@ -227,12 +248,11 @@ static void watch(Front *f, uint32_t slot) {
     uint32_t want = 0;
     int out = c->out.len > c->out_off;
     if (c->mode == M_C) {
-        if (!c->eof && !c->no_more && !c->want_py && c->in.len - c->in_off < in_room(f, c) &&
+        /* a streamed body is read on after its request's own `Connection: close` */
+        int more = c->st ? !c->st->stop : !c->no_more;
+        if (!c->eof && more && c->in.len - c->in_off < in_room(f, c) &&
             c->next_seq - c->write_seq < f->max_pipe && c->out.len - c->out_off <= f->high_water)
             want |= EPOLLIN;
-    } else if (c->mode == M_PY) {
-        /* one read at a time: the next once Python has taken it (bounded memory) */
-        if (!c->eof && !c->py_paused && !c->unacked) want |= EPOLLIN;
     } else {
         want |= EPOLLIN; /* lingering: read and drop until the client closes */
     }
@@ -252,10 +272,15 @@ static void free_slot(Front *f, uint32_t slot) {
     f->freelist[f->nfree++] = slot;
 }
 
-static void close_conn(Front *f, uint32_t slot, int tell_py) {
+static void end_stream(conn_t *c) {
+    free(c->st);
+    c->st = NULL;
+}
+
+static void close_conn(Front *f, uint32_t slot) {
     conn_t *c = &f->conns[slot];
     if (!c->open) return;
-    if (tell_py && c->mode == M_PY) push_ev(f, EV_LOST, slot, c->gen, 0, NULL, 0);
+    end_stream(c);
     epoll_ctl(f->ep, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     buf_free(&c->in); buf_free(&c->out);
@@ -283,6 +308,7 @@ static void close_conn(Front *f, uint32_t slot, int tell_py) {
 static void linger_close(Front *f, uint32_t slot) {
     conn_t *c = &f->conns[slot];
     c->mode = M_LINGER;
+    end_stream(c);
     c->shut_after = 1;
     c->linger_until = now_s() + LINGER_S;
 }
@@ -294,7 +320,7 @@ static void flush(Front *f, uint32_t slot) {
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            close_conn(f, slot, 1);
+            close_conn(f, slot);
             return;
         }
         c->out_off += n;
@@ -304,26 +330,14 @@ static void flush(Front *f, uint32_t slot) {
     if (c->out_off == c->out.len) {
         c->out.len = c->out_off = 0;
         if (c->out.cap > 4 * READ_CHUNK) buf_free(&c->out);
-        if (c->close_after) { close_conn(f, slot, 0); return; }
+        if (c->close_after) { close_conn(f, slot); return; }
         if (c->shut_after) { shutdown(c->fd, SHUT_WR); c->shut_after = 0; }
     }
-    /* a writer told to wait (Python mode's transport, or an answer Python streams) may go on */
+    /* an answer Python streams, told to wait, may go on */
     if (c->over_high && c->out.len - c->out_off + c->held_bytes <= f->high_water / 4) {
         c->over_high = 0;
         push_ev(f, EV_DRAINED, slot, c->gen, 0, NULL, 0);
     }
-    watch(f, slot);
-}
-
-/* C mode -> Python mode, once every queued request is answered (their order). */
-static void try_switch(Front *f, uint32_t slot) {
-    conn_t *c = &f->conns[slot];
-    if (!c->open || c->mode != M_C || !c->want_py || c->write_seq != c->next_seq) return;
-    size_t n = c->in.len - c->in_off;
-    if (push_ev(f, EV_ADOPT, slot, c->gen, c->eof, c->in.p + c->in_off, n)) return;
-    c->mode = M_PY; c->want_py = 0; c->in.len = c->in_off = 0;
-    c->partial_since = 0; c->py_paused = 0; c->unacked = 0;
-    f->n_switched++;
     watch(f, slot);
 }
 
@@ -521,113 +535,122 @@ static int js_read(const char *p, const char *end, int size, char *out, uint32_t
     return i == count ? 0 : -1;
 }
 
-enum { R_MORE = 0, R_FAST = 1, R_SWITCH = 2, R_REQUEST = 3 };
+enum { R_MORE = 0, R_FAST = 1, R_REFUSE = 2, R_REQUEST = 3, R_STREAM = 4 };
 
 /* -- framing: llhttp, as the Python server frames (httptools, the same version) -----------
  * A request is framed from the start of what is buffered by a parser of its own (llhttp
- * carries nothing from one request to the next that matters to a request the front serves),
- * paused at its end. Its head is read as httptools hands it to the Python server (a header
- * is a name and the value after it; headers counted, and their bytes summed, the same
- * way). A whole request that the Python server would frame the same and take as it is
- * (HTTP/1.1 with one Host or HTTP/1.0 with at most one, any method but CONNECT, no Expect
- * or Upgrade, Transfer-Encoding only `chunked` alone in HTTP/1.1 and within a head's bound,
- * within the header and body limits, an origin-form target) is the front's: queued for its
- * plan (`plain`, a plan found), or else handed to Python whole, as a request event, and
- * its answer written in its turn. Anything else is the Python server's to frame and answer
- * on the connection (Python mode). */
+ * carries nothing from one request to the next that matters here), paused at its end. Its
+ * head is read as httptools hands it to the Python server: a header is a name and the value
+ * after it; headers counted and their bytes summed the same way; the URL and the header
+ * bytes refused past max_header_bytes as they arrive, the head past its bound. Then:
+ * - a whole request with a plan is queued for it (R_FAST);
+ * - any other whole request goes to Python as one event (R_REQUEST), answered in its turn;
+ * - a request whose head the Python server's framing checks must pass before its body is
+ *   read (Expect, CONNECT, a Transfer-Encoding other than `chunked` alone in HTTP/1.1, a
+ *   Host missing or doubled, another version), whose body is past the front's bound (over
+ *   max_body_bytes, or chunked past a head's bound) or arrives slowly is streamed
+ *   (R_STREAM): its head as an event, its body as it comes (EV_BODY), read ahead of the app
+ *   by at most STREAM_AHEAD bytes;
+ * - what the parser refuses, or a head past its bounds, is refused (R_REFUSE): an event
+ *   Python words as the Python server words it, answered in its turn; nothing after it is
+ *   read. */
 
-/* The header read so far is whole (httptools' _maybe_call_on_header). */
-static void rq_header(rq_t *r) {
-    if (!r->value) return;
-    const char *n = r->name; size_t nn = r->name_len, vn = r->value_len;
-    if (r->headers_done) {  /* a chunked body's trailer field: counted, never used */
-        r->bytes += nn + vn;
-        r->name = r->value = NULL; r->name_len = r->value_len = 0;
-        return;
-    }
-    if (r->count < MAX_FIELDS)
-        r->fields[r->count] = (field_t){n, nn, r->value, vn};
-    r->count++;
+/* The header read so far is whole (httptools' _maybe_call_on_header); -1: past the limit */
+static int rq_header(rq_t *r) {
+    if (!r->value) return 0;
+    Front *f = r->f;
+    const char *n = r->name, *v = r->value;
+    size_t nn = r->name_len, vn = r->value_len;
+    r->name = r->value = NULL; r->name_len = r->value_len = 0;
+    r->head_end = v + vn;
     r->bytes += nn + vn;
+    if (r->bytes > f->max_header_bytes) { r->why = NO_HEADERS; return -1; }
+    if (r->headers_done) return 0;  /* a chunked body's trailer field: counted, never used */
+    field_t fl = {n, nn, v, vn};
+    if (buf_add(&f->fields, &fl, sizeof fl)) { r->oom = 1; return -1; }
+    r->count++;
     if (lower_eq(n, nn, "host")) r->hosts++;
     else if (lower_eq(n, nn, "inference-header-content-length")) {
-        if (r->has_json || digits(r->value, vn, &r->json)) r->coded = 1;
+        if (r->has_json || digits(v, vn, &r->json)) r->coded = 1;
         r->has_json = 1;
     } else if (lower_eq(n, nn, "content-encoding")) {
         r->coded = 1;  /* the app decodes it: no plan's bytes */
     } else if (lower_eq(n, nn, "transfer-encoding")) {
         /* exactly `chunked` (blanks around it aside) is the front's to frame */
-        const char *v = r->value;
         while (vn && (*v == ' ' || *v == '\t')) { v++; vn--; }
         while (vn && (v[vn - 1] == ' ' || v[vn - 1] == '\t')) vn--;
         r->te++;
         r->chunked = lower_eq(v, vn, "chunked");
-    } else if (lower_eq(n, nn, "expect") || lower_eq(n, nn, "upgrade")) {
-        r->refuse = 1;
+    } else if (lower_eq(n, nn, "expect")) {
+        /* 100-continue (blanks around it aside) is served; any other, the Python server's 417 */
+        while (vn && (*v == ' ' || *v == '\t')) { v++; vn--; }
+        while (vn && (v[vn - 1] == ' ' || v[vn - 1] == '\t')) vn--;
+        r->expect = r->expect == 2 || !lower_eq(v, vn, "100-continue") ? 2 : 1;
     }
-    r->name = r->value = NULL; r->name_len = r->value_len = 0;
+    return 0;
+}
+
+/* A span in pieces (never within one buffer llhttp reads at once): a request this front
+ * cannot hand over as the Python server reads it; refused as malformed. */
+static int rq_span(rq_t *r, const char **start, size_t *len, const char *at, size_t n) {
+    if (!*start) *start = at;
+    if (*start + *len != at) { r->pieces = 1; return -1; }
+    *len += n;
+    return 0;
 }
 
 static int rq_method(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
-    if (!r->method) r->method = at;
-    if (r->method + r->method_len != at) r->refuse = 1;
-    r->method_len += n;
-    return 0;
+    return rq_span(r, &r->method, &r->method_len, at, n);
 }
 
 static int rq_url(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
-    if (!r->url) r->url = at;
-    if (r->url + r->url_len != at) r->refuse = 1; /* not one span: not ours to read */
-    r->url_len += n;
+    if (rq_span(r, &r->url, &r->url_len, at, n)) return -1;
+    r->head_end = r->url + r->url_len;
+    if (r->url_len > ((Front *)r->f)->max_header_bytes) { r->why = NO_URL; return -1; }
     return 0;
 }
 
 static int rq_field(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
-    rq_header(r);
-    /* a name in pieces, or after a name with no value (httptools would join the two): the
-     * Python server reads it */
-    if (r->name && r->name + r->name_len != at) r->refuse = 1;
-    if (!r->name) r->name = at;
-    r->name_len += n;
-    return 0;
+    if (rq_header(r)) return -1;
+    return rq_span(r, &r->name, &r->name_len, at, n);
 }
 
 static int rq_value(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
-    if (r->value && r->value + r->value_len != at) r->refuse = 1;
-    if (!r->value) r->value = at;
-    r->value_len += n;
-    return 0;
+    return rq_span(r, &r->value, &r->value_len, at, n);
 }
 
 static int rq_headers(llhttp_t *p) {
     rq_t *r = p->data;
     Front *f = r->f;
-    rq_header(r);
+    if (rq_header(r)) return -1;
     r->headers_done = 1;
     r->length = p->content_length;
+    r->major = p->http_major; r->minor = p->http_minor;
     int method = llhttp_get_method(p);
     /* chunked: one Transfer-Encoding field, `chunked`, in HTTP/1.1 (RFC 9112 6.1) */
     int chunked = r->te == 1 && r->chunked && p->http_minor == 1 && (p->flags & F_CHUNKED);
     r->chunked = chunked;
-    if (r->refuse || method == HTTP_CONNECT || p->http_major != 1 || p->http_minor > 1 ||
-        p->upgrade || (!chunked && (r->te || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)))) ||
-        r->hosts > 1 || (p->http_minor == 1 && r->hosts != 1) ||  /* RFC 9112 3.2 */
-        r->count > f->max_header_count || r->count > MAX_FIELDS ||
-        r->bytes > f->max_header_bytes || r->url_len > f->max_header_bytes ||
-        r->length > f->max_body || !r->method || !r->url || r->url[0] != '/')
-        return -1;
-    r->minor = p->http_minor;
+    r->odd = r->expect == 2 || method == HTTP_CONNECT || p->http_major != 1 || p->http_minor > 1 ||
+             (!chunked && (r->te || (p->flags & (F_CHUNKED | F_TRANSFER_ENCODING)))) ||
+             r->hosts > 1 || (p->http_minor == 1 && r->hosts != 1);  /* RFC 9112 3.2 */
+    if (r->odd) return HPE_PAUSED;  /* its body waits for Python's checks */
+    if (p->upgrade) {  /* as httptools reads it: no body, the rest another protocol's */
+        r->length = 0;
+        return 1;
+    }
+    /* a body past the bound (the app's 413), or one its client sends once told to (100) */
+    if ((!chunked && r->length > f->max_body) || r->expect) r->stream = 1;
+    if (r->stream) return HPE_PAUSED;
     int plain = method == HTTP_POST && p->http_minor == 1 && (p->flags & F_CONTENT_LENGTH) &&
-                !r->coded &&
-                !(r->has_json && r->json > r->length) && r->url_len >= 2;
-    for (size_t i = 0; i < r->url_len; i++) {
+                !r->coded && !p->upgrade && !(r->has_json && r->json > r->length) &&
+                r->url_len >= 2 && r->url[0] == '/' && r->count <= f->max_header_count;
+    for (size_t i = 0; plain && i < r->url_len; i++) {
         unsigned char ch = r->url[i];
-        if (ch <= 0x20 || ch >= 0x7f || ch == '#') return -1;
-        if (ch == '?' || ch == '%') plain = 0;
+        if (ch <= 0x20 || ch >= 0x7f || ch == '#' || ch == '?' || ch == '%') plain = 0;
     }
     r->plain = plain;
     return 0;
@@ -635,83 +658,88 @@ static int rq_headers(llhttp_t *p) {
 
 static int rq_body(llhttp_t *p, const char *at, size_t n) {
     rq_t *r = p->data;
+    Front *f = r->f;
     if (r->chunked) {  /* pieces between chunk lines: copied together once it is whole */
         r->body_len += n;
-        if (r->body_len > ((Front *)r->f)->max_body) return -1;  /* the 413 is Python's */
-        if (r->copy && buf_add(&((Front *)r->f)->chunks, at, n)) return -1;
+        if (r->body_len > f->max_body) { r->stream = 1; return -1; }  /* the app's 413 */
+        if (r->copy && buf_add(&f->chunks, at, n)) { r->oom = 1; return -1; }
         return 0;
     }
-    if (!r->body) r->body = at;
-    if (r->body + r->body_len != at) return -1;
-    r->body_len += n;
-    return 0;
+    return rq_span(r, &r->body, &r->body_len, at, n);
 }
 
 static int rq_complete(llhttp_t *p) {
-    rq_header(p->data);  /* a chunked body's last trailer field */
-    ((rq_t *)p->data)->complete = 1;
+    rq_t *r = p->data;
+    if (rq_header(r)) return -1;  /* a chunked body's last trailer field */
+    r->complete = 1;
     return HPE_PAUSED; /* the next request is framed on its own */
 }
 
 static llhttp_settings_t rq_settings;
 
-static void rq_settings_init(void) {
-    llhttp_settings_init(&rq_settings);
-    rq_settings.on_method = rq_method;
-    rq_settings.on_url = rq_url;
-    rq_settings.on_header_field = rq_field;
-    rq_settings.on_header_value = rq_value;
-    rq_settings.on_headers_complete = rq_headers;
-    rq_settings.on_body = rq_body;
-    rq_settings.on_message_complete = rq_complete;
-}
-
 /* One request at p[0..n): queued for its plan (R_FAST), whole for Python (R_REQUEST: `*r`
- * says where its parts are), incomplete (R_MORE) or for Python mode; *used bytes. */
+ * says where its parts are), streamed (R_STREAM), refused (R_REFUSE: r->why says how) or
+ * incomplete (R_MORE); *used bytes. -1: no memory. */
 static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **plan,
-                     int *close, const char **payload, const char **payload_end, rq_t *rp,
+                     int *close, const char **payload, const char **payload_end, rq_t *r,
                      size_t *need) {
-    rq_t *r = rp;
-    memset(r, 0, offsetof(rq_t, fields));
+    memset(r, 0, sizeof *r);
     r->f = f;
+    f->fields.len = 0;
     llhttp_t parser;
     llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
     parser.data = r;
     llhttp_errno_t err = llhttp_execute(&parser, p, n);
+    if (r->oom) return -1;
+    if (r->why) return R_REFUSE;
+    if (r->head_end && (size_t)(r->head_end - p) > f->max_head) {
+        r->why = NO_HEAD;  /* the Python server's bound on a head, whole or not */
+        return R_REFUSE;
+    }
     if (err == HPE_OK) {
-        /* unfinished: a head past the front's bound is Python's; a framed head tells how
-         * much of the body is still to come */
-        if (!r->headers_done) return n > f->max_head ? R_SWITCH : R_MORE;
+        /* unfinished: a framed head tells how much of the body is still to come */
+        if (!r->headers_done) {
+            if (n <= f->max_head) return R_MORE;
+            r->why = NO_HEAD;
+            return R_REFUSE;
+        }
         if (r->chunked) {  /* the front frames a chunked request of up to a head's bound */
-            if (n >= f->max_head) return R_SWITCH;
+            if (n >= f->max_head) return R_STREAM;
             *need = f->max_head;
             return R_MORE;
         }
         *need = n + (size_t)(r->length - r->body_len);
         return R_MORE;
     }
-    if (err != HPE_PAUSED || !r->complete) return R_SWITCH;
+    if (r->stream || (r->odd && err == HPE_PAUSED)) return R_STREAM;
+    if ((err != HPE_PAUSED && err != HPE_PAUSED_UPGRADE) || !r->complete || r->pieces) {
+        r->why = NO_MALFORMED;
+        r->reason = llhttp_get_error_reason(&parser);
+        return R_REFUSE;
+    }
     size_t whole = llhttp_get_error_pos(&parser) - p;
-    if (r->bytes > f->max_header_bytes) return R_SWITCH;  /* a trailer past the limit: 431 */
+    /* an upgrade is answered as plain HTTP/1.1, and then nothing more is read */
+    *close = !llhttp_should_keep_alive(&parser) || parser.upgrade;
     if (r->chunked) {
-        if (whole > f->max_head) return R_SWITCH;
+        if (whole > f->max_head) return R_STREAM;
         /* whole: once more, its pieces copied together (the body Python is handed) */
         f->chunks.len = 0;
-        memset(r, 0, offsetof(rq_t, fields));
+        memset(r, 0, sizeof *r);
         r->f = f; r->copy = 1;
+        f->fields.len = 0;
         llhttp_init(&parser, HTTP_REQUEST, &rq_settings);
         parser.data = r;
-        if (llhttp_execute(&parser, p, whole) != HPE_PAUSED || !r->complete ||
+        err = llhttp_execute(&parser, p, whole);
+        if (r->oom) return -1;
+        if ((err != HPE_PAUSED && err != HPE_PAUSED_UPGRADE) || !r->complete ||
             f->chunks.len != r->body_len)
-            return R_SWITCH;
+            return R_STREAM;
         *used = whole;
-        *close = !llhttp_should_keep_alive(&parser);
         r->body = f->chunks.p;
         return R_REQUEST;
     }
-    if (whole - r->body_len > f->max_head || r->body_len != r->length) return R_SWITCH;
+    if (r->body_len != r->length) return R_STREAM;
     *used = whole;
-    *close = !llhttp_should_keep_alive(&parser);
     if (!r->body) r->body = p + whole;
     if (!r->plain || !f->fast_on) return R_REQUEST;
     const char *body = r->body;
@@ -737,32 +765,36 @@ static int recognise(Front *f, const char *p, size_t n, size_t *used, plan_t **p
     return R_FAST;
 }
 
-/* A whole request for Python (EV_REQUEST): its token, whether the connection stays open
- * after it, where its method, target, body and each header's name and value are (offsets
- * into its bytes, which follow), all little-endian: u64 token, then u32 keep_alive (bit 0)
- * and HTTP/1.x's x (bits 8-15),
+/* A request for Python (EV_REQUEST; flag 1: streamed, its body follows as EV_BODY): its
+ * token, whether the connection stays open after it, where its method, target, body and
+ * each header's name and value are (offsets into its bytes, which follow), all
+ * little-endian: u64 token, then u32 keep_alive (bit 0) and the HTTP version (minor: bits
+ * 8-15, major: 16-23),
  * fields, method offset and length, target offset and length, body offset and length,
- * then 4 x u32 per header field, then the request's bytes as received. */
+ * then 4 x u32 per header field, then the request's bytes as received (a streamed
+ * request's head only; a chunked body decoded after them). */
 static int push_request(Front *f, uint32_t slot, uint64_t token, int keep, const rq_t *r,
-                        const char *p, size_t used) {
+                        const char *p, size_t used, int streamed) {
     uint32_t nf = r->count;
     size_t head = 8 + sizeof(uint32_t[8]) + 16 * (size_t)nf;
-    size_t extra = r->chunked ? r->body_len : 0;  /* a chunked body, decoded, after the bytes */
+    size_t extra = r->chunked && !streamed ? r->body_len : 0;
     ev_t *e = malloc(sizeof(ev_t) + head + used + extra);
     if (!e) return -1;
     conn_t *c = &f->conns[slot];
-    e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = 0;
+    e->kind = EV_REQUEST; e->slot = slot; e->gen = c->gen; e->flag = streamed;
     e->len = head + used + extra;
     e->next = NULL;
     char *w = e->data;
-    uint32_t hdr[8] = {(uint32_t)keep | (uint32_t)r->minor << 8, nf, (uint32_t)(r->method - p),
+    size_t body_at = streamed || extra ? used : (size_t)(r->body - p);
+    uint32_t hdr[8] = {(uint32_t)keep | (uint32_t)r->minor << 8 | (uint32_t)r->major << 16, nf, (uint32_t)(r->method - p),
                        (uint32_t)r->method_len, (uint32_t)(r->url - p), (uint32_t)r->url_len,
-                       (uint32_t)(extra ? used : (size_t)(r->body - p)), (uint32_t)r->body_len};
+                       (uint32_t)body_at, streamed ? 0 : (uint32_t)r->body_len};
     memcpy(w, &token, 8);
     memcpy(w + 8, hdr, sizeof hdr);
     uint32_t *fw = (uint32_t *)(w + 8 + sizeof hdr);
+    const field_t *fields = (const field_t *)f->fields.p;
     for (uint32_t i = 0; i < nf; i++) {
-        const field_t *fl = &r->fields[i];
+        const field_t *fl = &fields[i];
         fw[4 * i] = (uint32_t)(fl->name - p); fw[4 * i + 1] = (uint32_t)fl->name_len;
         fw[4 * i + 2] = (uint32_t)(fl->value - p); fw[4 * i + 3] = (uint32_t)fl->value_len;
     }
@@ -778,9 +810,143 @@ static int idle(conn_t *c) {
            c->out.len == c->out_off;
 }
 
+static uint64_t next_token(conn_t *c, uint32_t slot) {
+    return ((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
+           (c->next_seq & SEQ_MASK);
+}
+
+/* Input refused (EV_REFUSED: u64 token, u32 what, llhttp's reason): Python answers it in
+ * `token`'s turn and the connection closes; nothing after it is read. */
+static void refuse_at(Front *f, uint32_t slot, uint64_t token, int why, const char *reason) {
+    conn_t *c = &f->conns[slot];
+    char buf[12 + 256];
+    size_t rn = reason ? strlen(reason) : 0;
+    if (rn > 256) rn = 256;
+    uint32_t w = (uint32_t)why;
+    memcpy(buf, &token, 8); memcpy(buf + 8, &w, 4);
+    if (rn) memcpy(buf + 12, reason, rn);
+    if (push_ev(f, EV_REFUSED, slot, c->gen, 0, buf, 12 + rn)) { close_conn(f, slot); return; }
+    c->no_more = 1; c->in.len = c->in_off = 0; c->partial_since = 0; c->need = 0;
+    f->n_refusals++;
+}
+
+/* -- a streamed request's body ------------------------------------------------------------- */
+static int st_count(llhttp_t *p, const char *at, size_t n) {
+    stream_t *st = p->data;
+    if (st->in_head) return 0;  /* read by `recognise` */
+    st->bytes += n;  /* a trailer field: counted toward the limit, never used */
+    if (st->bytes > ((Front *)st->f)->max_header_bytes) { st->why = NO_HEADERS; return -1; }
+    return 0;
+}
+
+static int st_headers(llhttp_t *p) {
+    stream_t *st = p->data;
+    st->in_head = 0;
+    if (p->upgrade) p->flags |= F_SKIPBODY;  /* as httptools reads it: no body */
+    return HPE_PAUSED;  /* the head goes to Python; the body waits for its checks */
+}
+
+static int st_body(llhttp_t *p, const char *at, size_t n) {
+    stream_t *st = p->data;
+    Front *f = st->f;
+    if (push_ev(f, EV_BODY, st->slot, f->conns[st->slot].gen, 0, at, n)) { st->oom = 1; return -1; }
+    st->unacked += n;
+    return 0;
+}
+
+static int st_complete(llhttp_t *p) {
+    stream_t *st = p->data;
+    Front *f = st->f;
+    if (push_ev(f, EV_BODY, st->slot, f->conns[st->slot].gen, 1, NULL, 0)) { st->oom = 1; return -1; }
+    st->done = 1;
+    return HPE_PAUSED;
+}
+
+static llhttp_settings_t st_settings;
+
+static void rq_settings_init(void) {
+    llhttp_settings_init(&rq_settings);
+    rq_settings.on_method = rq_method;
+    rq_settings.on_url = rq_url;
+    rq_settings.on_header_field = rq_field;
+    rq_settings.on_header_value = rq_value;
+    rq_settings.on_headers_complete = rq_headers;
+    rq_settings.on_body = rq_body;
+    rq_settings.on_message_complete = rq_complete;
+    llhttp_settings_init(&st_settings);
+    st_settings.on_header_field = st_count;
+    st_settings.on_header_value = st_count;
+    st_settings.on_headers_complete = st_headers;
+    st_settings.on_body = st_body;
+    st_settings.on_message_complete = st_complete;
+}
+
+/* The request at `at` (its head framed: f->rq) is streamed: its head goes to Python now, its
+ * body as it comes, once Python's checks open the gate. -1: no memory. */
+static int begin_stream(Front *f, uint32_t slot, const char *at, size_t avail) {
+    conn_t *c = &f->conns[slot];
+    stream_t *st = calloc(1, sizeof *st);
+    if (!st) return -1;
+    llhttp_init(&st->p, HTTP_REQUEST, &st_settings);
+    st->p.data = st; st->f = f; st->slot = slot;
+    st->in_head = 1;
+    st->gate = f->rq.odd;  /* a head the Python server may refuse: its body waits */
+    st->bytes = f->rq.bytes;
+    if (llhttp_execute(&st->p, at, avail) != HPE_PAUSED || st->in_head) { free(st); return -1; }
+    size_t head = llhttp_get_error_pos(&st->p) - at;
+    int keep = llhttp_should_keep_alive(&st->p) && !st->p.upgrade;
+    uint64_t token = next_token(c, slot);
+    if (push_request(f, slot, token, keep, &f->rq, at, head, 1)) { free(st); return -1; }
+    llhttp_resume(&st->p);
+    st->token = token;
+    c->st = st;
+    if (!keep) { c->close_seq_set = 1; c->close_seq = c->next_seq; c->no_more = 1; }
+    c->next_seq++;
+    c->in_off += head;
+    c->partial_since = 0; c->need = 0;
+    f->n_streams++;
+    return 0;
+}
+
+/* Feed what is buffered to the stream, as far as Python may hold it: 1 once the streamed
+ * request is whole (the next may be framed), 0 to wait (its gate, the bytes Python holds,
+ * no input) or when it was refused. */
+static int stream_feed(Front *f, uint32_t slot) {
+    conn_t *c = &f->conns[slot];
+    stream_t *st = c->st;
+    while (c->open && c->st == st) {
+        size_t avail = c->in.len - c->in_off;
+        if (st->gate || st->stop || st->unacked >= STREAM_AHEAD || !avail) return 0;
+        size_t n = STREAM_AHEAD - st->unacked;  /* so Python holds at most STREAM_AHEAD */
+        if (n > avail) n = avail;
+        const char *at = c->in.p + c->in_off;
+        llhttp_errno_t err = llhttp_execute(&st->p, at, n);
+        if (st->oom) { close_conn(f, slot); return 0; }
+        if (err == HPE_OK) { c->in_off += n; continue; }
+        if ((err == HPE_PAUSED || err == HPE_PAUSED_UPGRADE) && st->done) {
+            c->in_off += llhttp_get_error_pos(&st->p) - at;
+            end_stream(c);
+            return 1;
+        }
+        /* a broken body, or a trailer past the limit: its request is cut there */
+        const char *reason = st->why ? NULL : llhttp_get_error_reason(&st->p);
+        int why = st->why ? st->why : NO_MALFORMED;
+        uint64_t token = st->token;
+        end_stream(c);
+        refuse_at(f, slot, token, why, reason);
+        return 0;
+    }
+    return 0;
+}
+
 static void parse(Front *f, uint32_t slot, double now) {
     conn_t *c = &f->conns[slot];
-    while (c->open && c->mode == M_C && !c->want_py && !c->no_more) {
+    while (c->open && c->mode == M_C) {
+        if (c->st) {
+            if (stream_feed(f, slot)) continue;
+            break;
+        }
+        if (c->no_more) break;
         size_t avail = c->in.len - c->in_off;
         if (!avail) { c->partial_since = 0; break; }
         if (c->next_seq - c->write_seq >= f->max_pipe || c->out.len - c->out_off > f->high_water)
@@ -789,20 +955,36 @@ static void parse(Front *f, uint32_t slot, double now) {
         const char *at = c->in.p + c->in_off;
         size_t need = 0;
         int r = recognise(f, at, avail, &used, &pl, &cl, &payload, &pend, &f->rq, &need);
+        if (r < 0) { close_conn(f, slot); return; }  /* no memory */
         c->need = need;
         if (r == R_MORE) {
-            if (c->eof) c->want_py = 1; /* cut short: Python says so */
-            else if (!c->partial_since) c->partial_since = now;
+            if (!f->rq.headers_done) {
+                if (!c->eof) { if (!c->partial_since) c->partial_since = now; break; }
+                /* a head cut short: dropped, as the Python server drops it */
+                c->no_more = 1; c->in.len = c->in_off = 0; c->partial_since = 0; c->need = 0;
+                break;
+            }
+            /* a body still to come: framed whole if it comes soon; streamed if it is slow or
+             * cut short (its app learns the client sends no more) */
+            if (!c->partial_since) c->partial_since = now;
+            if (!c->eof && now - c->partial_since <= f->partial_s) break;
+            r = R_STREAM;
+        }
+        if (r == R_STREAM) {
+            if (begin_stream(f, slot, at, avail)) { close_conn(f, slot); return; }
+            continue;
+        }
+        uint64_t token = next_token(c, slot);
+        if (r == R_REFUSE) {
+            c->next_seq++;
+            refuse_at(f, slot, token, f->rq.why, f->rq.reason);
             break;
         }
-        if (r == R_SWITCH) { c->want_py = 1; break; }
-        uint64_t token = ((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
-                         (c->next_seq & SEQ_MASK);
         if (r == R_FAST) {
             arrival_t a = {token, now, pl->id, pl->payload};
             if (buf_reserve(&f->arena, pl->payload) || buf_reserve(&f->arrivals, sizeof a)) {
-                c->want_py = 1; /* out of memory: Python's path answers it */
-                break;
+                close_conn(f, slot);  /* no memory */
+                return;
             }
             if (!pend || !js_read(payload, pend, pl->size, f->arena.p + f->arena.len,
                                   pl->payload / pl->size)) {
@@ -815,9 +997,9 @@ static void parse(Front *f, uint32_t slot, double now) {
             }
         }
         if (r == R_REQUEST) {
-            if (push_request(f, slot, token, !cl, &f->rq, at, used)) {
-                c->want_py = 1; /* out of memory: Python's path answers it */
-                break;
+            if (push_request(f, slot, token, !cl, &f->rq, at, used, 0)) {
+                close_conn(f, slot);  /* no memory */
+                return;
             }
             f->n_requests++;
         }
@@ -828,10 +1010,9 @@ static void parse(Front *f, uint32_t slot, double now) {
     }
     if (!c->open) return;
     if (c->in_off && c->in_off == c->in.len) c->in.len = c->in_off = 0;
-    if (c->want_py) try_switch(f, slot);
-    else if (f->closing && idle(c)) { close_conn(f, slot, 0); return; }
-    else if (c->mode == M_C && c->eof && c->write_seq == c->next_seq && c->in.len == c->in_off) {
-        if (c->out.len > c->out_off) c->close_after = 1; else { close_conn(f, slot, 0); return; }
+    if (f->closing && idle(c)) { close_conn(f, slot); return; }
+    if (c->mode == M_C && c->eof && c->write_seq == c->next_seq && c->in.len == c->in_off) {
+        if (c->out.len > c->out_off) c->close_after = 1; else { close_conn(f, slot); return; }
     }
     watch(f, slot);
 }
@@ -841,38 +1022,39 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
     if (e & EPOLLERR) {
         /* a reset or a socket error: collected whether or not reading is paused (epoll
          * reports it level-triggered either way, and an uncollected one spins this thread) */
-        close_conn(f, slot, 1);
+        close_conn(f, slot);
         return;
     }
     if ((e & EPOLLHUP) && c->mode == M_C && !(e & EPOLLIN)) {
-        close_conn(f, slot, 0); /* both ways shut, nothing left to read: the client is gone */
+        close_conn(f, slot); /* both ways shut, nothing left to read: the client is gone */
         return;
     }
     if (c->eof && c->mode != M_LINGER) {
         /* nothing more to read; a hang-up now means the client is gone both ways */
-        if (e & (EPOLLHUP | EPOLLERR)) close_conn(f, slot, 1);
+        if (e & (EPOLLHUP | EPOLLERR)) close_conn(f, slot);
         return;
     }
     if (c->mode == M_C) {
         int ended = 0;
         for (int i = 0; i < 4 && c->open && !c->eof; i++) {
-            size_t room = in_room(f, c);
-            if (c->in.len - c->in_off >= room) break;
+            size_t room = in_room(f, c), have = c->in.len - c->in_off;
+            if (have >= room) break;
+            size_t want = room - have < READ_CHUNK ? room - have : READ_CHUNK;  /* never past it */
             if (c->in_off && c->in.len + READ_CHUNK > c->in.cap) {
                 memmove(c->in.p, c->in.p + c->in_off, c->in.len - c->in_off);
                 c->in.len -= c->in_off; c->in_off = 0;
             }
-            if (buf_reserve(&c->in, READ_CHUNK)) { close_conn(f, slot, 0); return; }
-            ssize_t n = recv(c->fd, c->in.p + c->in.len, READ_CHUNK, 0);
+            if (buf_reserve(&c->in, READ_CHUNK)) { close_conn(f, slot); return; }
+            ssize_t n = recv(c->fd, c->in.p + c->in.len, want, 0);
             if (n == 0) { c->eof = ended = 1; break; }
             if (n < 0) {
                 if (errno == EINTR) continue;
                 if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-                close_conn(f, slot, 0);
+                close_conn(f, slot);
                 return;
             }
             c->in.len += n; c->last_io = now;
-            if ((size_t)n < READ_CHUNK) break;
+            if ((size_t)n < want) break;
         }
         parse(f, slot, now);
         /* the client sends no more: the requests Python answers learn it, once those in
@@ -882,21 +1064,16 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
             push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0);
         return;
     }
+    /* lingering: what the client still sends is read and dropped until it closes */
     char chunk[READ_CHUNK];
     ssize_t n = recv(c->fd, chunk, sizeof chunk, 0);
     if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return;
-        close_conn(f, slot, 1);
+        close_conn(f, slot);
         return;
     }
     c->last_io = now;
-    if (c->mode == M_LINGER) {
-        if (n == 0) close_conn(f, slot, 0);
-        return;
-    }
-    if (n == 0) { c->eof = 1; push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0); }
-    else { c->unacked = 1; push_ev(f, EV_DATA, slot, c->gen, 0, chunk, n); }
-    watch(f, slot);
+    if (n == 0) close_conn(f, slot);
 }
 
 /* Turn a connection away at once: the 503, a FIN, what it sent read and dropped (so the
@@ -985,7 +1162,7 @@ static void do_accept(Front *f, double now) {
                 flush(f, slot);
                 continue;
             }
-            close_conn(f, victim, 0);
+            close_conn(f, victim);
         }
         if (!f->nfree) { refuse_now(f, fd); continue; }  /* every slot held or reserved */
         uint32_t slot = f->freelist[--f->nfree];
@@ -1009,8 +1186,7 @@ static int put(Front *f, uint64_t token, const char *d, size_t n, int last, int 
  * close. */
 static void slow_head(Front *f, uint32_t slot) {
     conn_t *c = &f->conns[slot];
-    uint64_t token = ((uint64_t)slot << 40) | ((uint64_t)(c->gen & GEN_MASK) << 24) |
-                     (c->next_seq & SEQ_MASK);
+    uint64_t token = next_token(c, slot);
     c->next_seq++;
     c->in.len = c->in_off = 0; c->partial_since = 0; c->no_more = 1;
     put(f, token, f->slow_head.p, f->slow_head.len, 1, 1);
@@ -1022,16 +1198,15 @@ static void sweep(Front *f, double now) {
         conn_t *c = &f->conns[s];
         if (!c->open) continue;
         if (c->mode == M_LINGER) {
-            if (now > c->linger_until) close_conn(f, s, 0);
+            if (now > c->linger_until) close_conn(f, s);
         } else if (c->mode == M_C) {
-            if (idle(c) && (f->closing || now - c->last_io > f->keep_alive_s)) close_conn(f, s, 0);
+            if (idle(c) && (f->closing || now - c->last_io > f->keep_alive_s)) close_conn(f, s);
             else if (c->partial_since && !c->need && f->slow_head.len) {
                 /* a head still arriving: past header_timeout_s it is refused (408) in its
                  * turn, as the Python server refuses it, and the connection ends */
                 if (now - c->partial_since > f->header_timeout_s) slow_head(f, s);
-            } else if (c->partial_since && now - c->partial_since > f->partial_s) {
-                c->want_py = 1;  /* a slow body: the Python server's timeouts apply */
-                try_switch(f, s);
+            } else if (c->partial_since && !c->st && now - c->partial_since > f->partial_s) {
+                parse(f, s, now);  /* a slow body is streamed: the app's timeouts apply */
             }
         }
     }
@@ -1098,9 +1273,8 @@ static int Front_init(Front *f, PyObject *args, PyObject *kw) {
     f->header_timeout_s = ht;
     pthread_mutex_init(&f->mu, NULL);
     f->max_conns = mc ? mc : 1; f->max_pipe = mp ? mp : 1; f->max_header_count = mhc;
-    /* a head the front serves: what the Python server never refuses as too long (its bound,
-     * 2 * max_header_bytes + 5120, counts whole slices of up to 4096 bytes) */
-    f->max_header_bytes = mhb; f->max_head = 2 * mhb + 1024; f->max_body = mb;
+    /* a head's bound: the Python server's (request line and headers, with their line ends) */
+    f->max_header_bytes = mhb; f->max_head = 2 * mhb + 4096 + 1024; f->max_body = mb;
     f->high_water = hw; f->keep_alive_s = ka; f->partial_s = ps;
     f->nslots = f->max_conns + 64;
     f->conns = calloc(f->nslots, sizeof(conn_t));
@@ -1139,7 +1313,7 @@ static void stop_thread(Front *f) {
     if (write(f->wake_fd, &one, 8) < 0) {}
     pthread_join(f->thread, NULL);
     f->started = 0;
-    for (uint32_t s = 0; s < f->nslots; s++) if (f->conns[s].open) close_conn(f, s, 0);
+    for (uint32_t s = 0; s < f->nslots; s++) if (f->conns[s].open) close_conn(f, s);
     if (f->lfd >= 0) close(f->lfd);
     close(f->ep); close(f->wake_fd); close(f->py_fd);
     if (f->spare_fd >= 0) close(f->spare_fd);
@@ -1152,7 +1326,7 @@ static void Front_dealloc(Front *f) {
     for (ev_t *e = f->ev_head; e;) { ev_t *n = e->next; free(e); e = n; }
     for (int i = 0; i < NPLANS; i++) free(f->plans[i].key);
     buf_free(&f->arena); buf_free(&f->arrivals); buf_free(&f->busy); buf_free(&f->slow_head);
-    buf_free(&f->chunks);
+    buf_free(&f->chunks); buf_free(&f->fields);
     free(f->conns); free(f->freelist);
     if (f->started || f->conns) pthread_mutex_destroy(&f->mu);
     Py_TYPE(f)->tp_free((PyObject *)f);
@@ -1315,6 +1489,7 @@ static PyObject *Front_take(Front *f, PyObject *unused) {
 /* The answer to `seq` closes the connection: nothing after it is read or written (an
  * earlier answer than one that closes already, a request's `Connection: close` included). */
 static void closes_at(conn_t *c, uint32_t seq) {
+    if (c->st) c->st->stop = 1;  /* the streamed request is the last: its body is not read on */
     if (c->close_seq_set &&
         ((c->close_seq - c->write_seq) & SEQ_MASK) <= ((seq - c->write_seq) & SEQ_MASK))
         return;
@@ -1348,7 +1523,7 @@ static void answered(Front *f, uint32_t slot) {
         c->held_bytes -= h->data.len;
         int done = h->done, bad = buf_add(&c->out, h->data.p, h->data.len);
         buf_free(&h->data); free(h);
-        if (bad) { close_conn(f, slot, 0); return; }
+        if (bad) { close_conn(f, slot); return; }
         if (!done) return;
     }
 }
@@ -1390,10 +1565,10 @@ static void place(Front *f, uint64_t token, const char **head, const size_t *hl,
     buf_t *dst = &c->out;
     if ((c->write_seq & SEQ_MASK) != seq) {
         h = held_for(c, seq);
-        if (!h) { close_conn(f, slot, 0); return; }
+        if (!h) { close_conn(f, slot); return; }
         dst = &h->data;
     }
-    if (buf_reserve(dst, total)) { close_conn(f, slot, 0); return; }
+    if (buf_reserve(dst, total)) { close_conn(f, slot); return; }
     char *w = dst->p + dst->len;
     for (int i = 0; i < nh; i++) { memcpy(w, head[i], hl[i]); w += hl[i]; }
     memcpy(w, tail, tn); w += tn;
@@ -1413,11 +1588,11 @@ static int put(Front *f, uint64_t token, const char *d, size_t n, int last, int 
     if (!c) return 0;
     if (close) closes_at(c, seq);
     if ((c->write_seq & SEQ_MASK) == seq) {
-        if (buf_add(&c->out, d, n)) { close_conn(f, slot, 0); return 0; }
+        if (buf_add(&c->out, d, n)) { close_conn(f, slot); return 0; }
         if (last) answered(f, slot);
     } else {
         held_t *h = held_for(c, seq);
-        if (!h || buf_add(&h->data, d, n)) { close_conn(f, slot, 0); return 0; }
+        if (!h || buf_add(&h->data, d, n)) { close_conn(f, slot); return 0; }
         c->held_bytes += n;
         h->done = last;
     }
@@ -1515,52 +1690,35 @@ static PyObject *Front_write(Front *f, PyObject *args) {
     return PyBool_FromLong(high);
 }
 
-static conn_t *py_conn(Front *f, unsigned long long cid, uint32_t *slot) {
-    *slot = (uint32_t)cid;
-    if (*slot >= f->nslots) return NULL;
-    conn_t *c = &f->conns[*slot];
-    if (!c->open || c->gen != (uint32_t)(cid >> 32) || c->mode != M_PY) return NULL;
-    return c;
-}
-
-/* send(cid, data) -> bool: True while the connection's unsent output is past the mark */
-static PyObject *Front_send(Front *f, PyObject *args) {
-    unsigned long long cid; Py_buffer d;
-    if (!PyArg_ParseTuple(args, "Ky*", &cid, &d)) return NULL;
-    int high = 0;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&f->mu);
-    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
-    if (c) {
-        if (buf_add(&c->out, d.buf, d.len)) close_conn(f, slot, 1);
-        else {
-            flush(f, slot);
-            if (c->open && c->out.len - c->out_off > f->high_water) { c->over_high = 1; high = 1; }
-        }
-    }
-    signal_py(f);
-    pthread_mutex_unlock(&f->mu);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&d);
-    return PyBool_FromLong(high);
-}
-
-/* control(cid, what): 0 close after the output is sent, 1 abort, 2 shut writing after it,
- * 3 pause reading, 4 resume reading, 5 the last read was taken (the next may come). */
-static PyObject *Front_control(Front *f, PyObject *args) {
-    unsigned long long cid; int what;
-    if (!PyArg_ParseTuple(args, "Ki", &cid, &what)) return NULL;
+/* more(token, taken): the streamed request `token` may go on: Python's checks passed its
+ * head (the gate opens) and its app took `taken` more bytes of its body. */
+static PyObject *Front_more(Front *f, PyObject *args) {
+    unsigned long long token; Py_ssize_t taken;
+    if (!PyArg_ParseTuple(args, "Kn", &token, &taken)) return NULL;
     LOCK(f);
-    uint32_t slot; conn_t *c = py_conn(f, cid, &slot);
-    if (!c && what == 1 && slot < f->nslots && f->conns[slot].open &&
-        f->conns[slot].gen == (uint32_t)(cid >> 32))
-        close_conn(f, slot, 0);  /* Python failed on one of its request events */
-    if (c) {
-        if (what == 0) { c->close_after = 1; flush(f, slot); }
-        else if (what == 1) close_conn(f, slot, 0);
-        else if (what == 2) { c->shut_after = 1; flush(f, slot); }
-        else if (what == 5) { c->unacked = 0; watch(f, slot); }
-        else { c->py_paused = what == 3; watch(f, slot); }
+    uint32_t slot = (uint32_t)(token >> 40);
+    conn_t *c = slot < f->nslots ? &f->conns[slot] : NULL;
+    if (c && c->open && c->st && c->st->token == token) {
+        stream_t *st = c->st;
+        st->gate = 0;
+        size_t t = taken > 0 ? (size_t)taken : 0;
+        st->unacked = t < st->unacked ? st->unacked - t : 0;
+        parse(f, slot, now_s());
+        signal_py(f);
+    }
+    UNLOCK(f);
+    Py_RETURN_NONE;
+}
+
+/* abort(cid): close the connection now (Python failed on one of its events) */
+static PyObject *Front_abort(Front *f, PyObject *args) {
+    unsigned long long cid;
+    if (!PyArg_ParseTuple(args, "K", &cid)) return NULL;
+    LOCK(f);
+    uint32_t slot = (uint32_t)cid;
+    if (slot < f->nslots && f->conns[slot].open && f->conns[slot].gen == (uint32_t)(cid >> 32)) {
+        close_conn(f, slot);
+        signal_py(f);
     }
     UNLOCK(f);
     Py_RETURN_NONE;
@@ -1579,7 +1737,7 @@ static PyObject *Front_set(Front *f, PyObject *args) {
         f->accepting = 0;
         f->closing = 1;  /* stopping: idle connections close, busy ones once answered */
         for (uint32_t s = 0; s < f->nslots; s++)
-            if (f->conns[s].open && idle(&f->conns[s])) close_conn(f, s, 0);
+            if (f->conns[s].open && idle(&f->conns[s])) close_conn(f, s);
     }
     UNLOCK(f);
     Py_RETURN_NONE;
@@ -1623,7 +1781,7 @@ static PyObject *Front_addresses(Front *f, PyObject *args) {
 
 static PyObject *Front_stats(Front *f, PyObject *unused) {
     LOCK(f);
-    unsigned long long in = 0, out = 0, queued = 0, python = 0, reserved = 0;
+    unsigned long long in = 0, out = 0, queued = 0, streaming = 0, reserved = 0;
     for (uint32_t s = 0; s < f->nslots; s++) {
         conn_t *c = &f->conns[s];
         reserved += c->reserved;
@@ -1632,14 +1790,17 @@ static PyObject *Front_stats(Front *f, PyObject *unused) {
         out += c->out.len - c->out_off;
         out += c->held_bytes;
         queued += c->next_seq - c->write_seq;
-        python += c->mode == M_PY;
+        streaming += c->st != NULL;
     }
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
+        "{sKsKsKsKsKsIsIsKsKsKsKsKsKsKsKsK}", "fast", (unsigned long long)f->n_fast,
         "requests", (unsigned long long)f->n_requests,
-        "switched", (unsigned long long)f->n_switched, "accepted", (unsigned long long)f->n_accepted,
+        /* requests streamed (their body as it came), requests refused; connections
+         * streaming a request now */
+        "streamed", (unsigned long long)f->n_streams,
+        "refusals", (unsigned long long)f->n_refusals, "accepted", (unsigned long long)f->n_accepted,
         "connections", f->nconn, "plans", f->nplans, "unparsed_bytes", in, "unsent_bytes", out,
-        "queued", queued, "python_mode", python,
+        "queued", queued, "streaming", streaming,
         /* slots held for answers to closed connections; connections turned away at once
          * (503); turns of the front's loop, and those its 100 ms wait ended with nothing
          * to do (a thread at rest has about as many of one as of the other); pauses of
@@ -1661,8 +1822,8 @@ static PyMethodDef Front_methods[] = {
     {"answer_json", (PyCFunction)Front_answer_json, METH_VARARGS, "JSON answers of a block"},
     {"skeleton", (PyCFunction)Front_skeleton, METH_VARARGS, "a JSON request's plan key"},
     {"write", (PyCFunction)Front_write, METH_VARARGS, "a request event's answer"},
-    {"send", (PyCFunction)Front_send, METH_VARARGS, "Python mode: write"},
-    {"control", (PyCFunction)Front_control, METH_VARARGS, "Python mode: close, shut, pause"},
+    {"more", (PyCFunction)Front_more, METH_VARARGS, "a streamed request may go on"},
+    {"abort", (PyCFunction)Front_abort, METH_VARARGS, "close a connection now"},
     {"set", (PyCFunction)Front_set, METH_VARARGS, "fast lane and accepting on or off"},
     {"stats", (PyCFunction)Front_stats, METH_NOARGS, "counters"},
     {"addresses", (PyCFunction)Front_addresses, METH_VARARGS, "peer and local address"},
@@ -1688,10 +1849,13 @@ PyMODINIT_FUNC PyInit__front(void) {
     if (!m) return NULL;
     Py_INCREF(&FrontType);
     PyModule_AddObject(m, "Front", (PyObject *)&FrontType);
-    PyModule_AddIntConstant(m, "ADOPT", EV_ADOPT);
-    PyModule_AddIntConstant(m, "DATA", EV_DATA);
     PyModule_AddIntConstant(m, "EOF", EV_EOF);
-    PyModule_AddIntConstant(m, "LOST", EV_LOST);
+    PyModule_AddIntConstant(m, "BODY", EV_BODY);
+    PyModule_AddIntConstant(m, "REFUSED", EV_REFUSED);
+    PyModule_AddIntConstant(m, "HEAD_TOO_LONG", NO_HEAD);
+    PyModule_AddIntConstant(m, "URL_TOO_LONG", NO_URL);
+    PyModule_AddIntConstant(m, "HEADERS_TOO_LONG", NO_HEADERS);
+    PyModule_AddIntConstant(m, "MALFORMED", NO_MALFORMED);
     PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
     PyModule_AddIntConstant(m, "GONE", EV_GONE);
     PyModule_AddIntConstant(m, "REQUEST", EV_REQUEST);

@@ -1,17 +1,24 @@
-"""Requests the native front framed whole and hands to Python: each answered by the Python
+"""Requests the native front framed and hands to Python: each answered by the Python
 server's rules and written back through the front, in its connection's order.
 
-Why: a connection handed to the Python server (Python mode) is framed twice, by the
-front's llhttp and by the Python server's, and every way two framings of one byte stream
-can differ is a way for a client to be answered for a request it did not send. So a
-request the front frames whole and the Python server would take as it is (the front's
-`recognise` says which) stays the front's: its head and body come to Python as one event
-(`REQUEST`), never its connection's bytes. What this module decides:
+Why: a connection framed by two parsers (the front's llhttp, then the Python server's) can
+be read two ways, and every way two framings of one byte stream can differ is a way for a
+client to be answered for a request it did not send. So the front frames every request on
+its connections and Python never sees a connection's bytes, only requests: a whole one as
+one event (`REQUEST`), a streamed one (Expect, a head the framing checks must pass before
+its body is read, a body past the front's bounds or a slow one) as its head (`REQUEST`,
+streamed) then its body as it comes (`BODY`), and input refused as it was read (`REFUSED`).
+What this module decides:
 
 - **One `Cycle` per request, as the Python server runs it.** The request becomes the same
-  ASGI scope (`request_scope`), goes through the same quick lane or ASGI app, and its answer
-  is framed by the same `Cycle` (lengths, chunked streams, HEAD, a 500 for an app that
-  fails): a client cannot tell which server answered.
+  ASGI scope (`request_scope`), its head passes the same checks (`framing`), it goes through
+  the same quick lane or ASGI app, and its answer is framed by the same `Cycle` (lengths,
+  chunked streams, HEAD, a 500 for an app that fails); refusals are worded by the same
+  `refusal`: a client cannot tell which server answered.
+- **A streamed body is read as the app takes it**: the front holds it until the head's
+  checks pass (a refused head's body is never read), then reads ahead of the app by at most
+  its read buffer, and reads on as the app takes it (`Front.more`), as the Python server's
+  parser runs ahead of its app.
 - **One request at a time per connection**, as the Python server answers pipelined
   requests: the next of a connection starts once the one before it is answered (its order
   of effects is the client's order). Its answer's bytes go to the front (`Front.write`),
@@ -35,11 +42,12 @@ from typing import Any
 
 from deployments.http.oip.errors import error_parts, log_error
 from deployments.http.pyserver.connection import request_scope
-from deployments.http.pyserver.cycle import error_response
-from deployments.http.pyserver.framing import Refused
+from deployments.http.pyserver.cycle import READ_BUFFER_BYTES, error_response
+from deployments.http.pyserver.framing import Refused, framing, refusal
 from deployments.protocol import error_body
 
 _HEAD = struct.Struct("<Q8I")  # token, keep-alive, fields, method, target, body (offset, length)
+_REFUSED = struct.Struct("<QI")  # token, what
 
 
 def parse_event(data: bytes) -> tuple[int, bool, str, str, bytes, list[tuple[bytes, bytes]],
@@ -52,28 +60,69 @@ def parse_event(data: bytes) -> tuple[int, bool, str, str, bytes, list[tuple[byt
     spans = struct.unpack_from(f"<{4 * nf}I", data, _HEAD.size)
     headers = [(raw[spans[i]:spans[i] + spans[i + 1]].lower(),
                 raw[spans[i + 2]:spans[i + 2] + spans[i + 3]]) for i in range(0, 4 * nf, 4)]
-    return (token, bool(keep & 1), "1.1" if keep >> 8 else "1.0",
+    return (token, bool(keep & 1), f"{(keep >> 16) & 0xff}.{(keep >> 8) & 0xff}",
             raw[mo:mo + ml].decode("ascii", "replace"), raw[uo:uo + ul], headers, raw[bo:bo + bl])
+
+
+def _refusal_bytes(e: Exception, method: str, target: bytes) -> bytes:
+    """The whole answer (it closes the connection) to a request refused before it ran."""
+    if isinstance(e, Refused):
+        return error_response(e.status, error_body(str(e)))
+    status, text, headers = error_parts(e)
+    log_error(e, status, method, target.decode("ascii", "replace"))
+    return error_response(status, text, headers)
 
 
 class Exchange:
     """One request and its answer: the connection (and transport) its `Cycle` sees."""
 
-    __slots__ = ("closed", "cycle", "finished", "line", "loop", "request", "server", "token",
-                 "transport")
+    __slots__ = ("body", "closed", "complete", "cycle", "expect", "finished", "keep", "line",
+                 "loop", "quick", "refusal", "scope", "server", "token", "transport", "unacked")
 
-    def __init__(self, line: _Line, token: int, request: tuple) -> None:
-        self.line, self.token, self.server = line, token, line.book.server
-        self.request = request  # what `begin` takes: keep-alive, version, method, ...
+    def __init__(self, line: _Line, token: int, keep: bool) -> None:
+        self.line, self.token, self.keep, self.server = line, token, keep, line.book.server
         self.loop = self.server._loop
         self.transport = self
         self.closed = False  # its client is gone (or the answer closed the connection)
         self.finished = False  # the front was told the answer is whole
         self.cycle: Any = None  # once begun
+        self.scope: dict | None = None
+        self.refusal: bytes | None = None  # its answer, if it is refused before it runs
+        self.body: list[bytes] = []  # what of its body came before it began
+        self.complete = True  # its body is whole (a streamed one: once its last part came)
+        self.expect = self.quick = False
+        self.unacked = 0  # body bytes the front handed over that its app has not taken
 
     @property
     def writable(self) -> asyncio.Event | None:
         return self.line.writable
+
+    def prepare(self, version: str, method: str, target: bytes,
+                headers: list[tuple[bytes, bytes]], body: bytes, streamed: bool) -> None:
+        """Check its head as the Python server checks it as it arrives: a refusal is its
+        answer (and a streamed body is then never read); else a streamed body may come."""
+        server, line = self.server, self.line
+        try:
+            if streamed:  # the front frames only plain heads whole
+                expect, length, chunked = framing(version, method, headers)
+            self.scope = request_scope(server, version, method, target, headers,
+                                       line.client, line.local)
+        except Exception as e:
+            self.refusal = _refusal_bytes(e, method, target)
+            return
+        quick = server.quick is not None and method == "POST"
+        if not streamed:
+            if body:
+                self.body.append(body)
+            self.quick = quick  # every body here is whole
+            return
+        self.complete = False
+        self.expect = expect and version == "1.1"  # never a 1xx to an HTTP/1.0 client
+        # the quick lane takes a body within the read buffer, once whole (as the Python
+        # server's)
+        self.quick = (quick and not expect and not chunked and length is not None
+                      and length <= READ_BUFFER_BYTES)
+        line.book.front.more(self.token, 0)  # the head passed: its body may be read
 
     # -- what the Cycle calls on its connection and transport -------------------------------
     def write(self, data: bytes) -> None:
@@ -87,12 +136,13 @@ class Exchange:
             return
         cycle = self.cycle
         if cycle is not None and cycle.answered:  # the answer's last bytes
-            self._end(not cycle.keep_alive, data)
+            self._end(not (cycle.keep_alive and cycle.complete), data)
         elif self.line.book.front.write(self.token, data):
             self.line.pause()
 
     def done(self, cycle: Any) -> None:
-        self._end(not cycle.keep_alive)
+        # asked to close, or a body left unread: the connection ends after this answer
+        self._end(not (cycle.keep_alive and cycle.complete))
         self.line.next(self)
 
     def close(self) -> None:
@@ -103,7 +153,12 @@ class Exchange:
         self.line.next(self)
 
     def resume_reading(self) -> None:
-        pass  # the body is whole
+        """Its app took what was buffered of the body: the front may read on."""
+        cycle = self.cycle
+        taken = self.unacked - (cycle.buffered if cycle is not None else 0)
+        if taken > 0 and not self.finished:
+            self.unacked -= taken
+            self.line.book.front.more(self.token, taken)
 
     def _end(self, close: bool, data: bytes = b"") -> None:
         if not self.finished:
@@ -114,33 +169,56 @@ class Exchange:
 
     # -- the front's side -------------------------------------------------------------------
     def begin(self) -> None:
-        keep, version, method, target, headers, body = self.request
-        self.request = None
-        server = self.server
-        line = self.line
-        cycle = self.cycle = server.cycle_class(self, None, keep)
-        try:
-            cycle.scope = request_scope(server, version, method, target, headers,
-                                        line.client, line.local)
-        except Exception as e:  # the front hands over only targets this reads; if not, said
-            if isinstance(e, Refused):
-                status, text, headers = e.status, error_body(str(e)), []
-            else:
-                status, text, headers = error_parts(e)
-                log_error(e, status, method, target.decode("ascii", "replace"))
-            cycle.answered = True
-            self._end(True, error_response(status, text, headers))
-            line.next(self)
+        if self.refusal is not None:
+            self._end(True, self.refusal)
+            self.line.next(self)
             return
-        if body:
-            cycle.body.append(body)
-            cycle.buffered = len(body)
-        cycle.complete = True
-        cycle.disconnected = line.eof  # the client half-closed: it may still read this
-        # the quick lane takes a POST whose body is whole: here every body is (the Python
-        # server's takes one within its read buffer, for the same reason)
-        cycle.quick = server.quick is not None and method == "POST"
+        cycle = self.cycle = self.server.cycle_class(self, self.scope, self.keep)
+        cycle.body, self.body = self.body, []
+        cycle.buffered = sum(map(len, cycle.body))
+        cycle.complete = self.complete
+        cycle.expect_100 = self.expect
+        cycle.disconnected = self.line.eof  # the client half-closed: it may still read this
+        # a body cut short (the client sends no more) goes to the app, never the quick lane
+        cycle.quick = self.quick and (self.complete or not self.line.eof)
         cycle.start()
+
+    def feed(self, data: bytes, last: bool) -> None:
+        """A part of its streamed body (`last`: the body is whole)."""
+        self.unacked += len(data)
+        cycle = self.cycle
+        if cycle is None:
+            if data:
+                self.body.append(data)
+            self.complete = self.complete or last
+            return
+        if cycle.answered:
+            return  # answered without reading it: the connection closes after the answer
+        if data:
+            cycle.body.append(data)
+            cycle.buffered += len(data)
+        if last:
+            cycle.complete = True
+            if cycle.quick and not cycle.started:
+                cycle.start()  # whole: the quick lane may take it now
+                return
+        cycle.wake()
+
+    def cut(self, answer: bytes) -> None:
+        """Its streamed body was refused where the front read it (`answer`, the refusal):
+        an app reading it learns the client is gone; else the refusal is its answer."""
+        cycle = self.cycle
+        if cycle is not None and cycle.started:
+            cycle.disconnected = True
+            cycle.keep_alive = False
+            cycle.wake()
+            return
+        self.refusal = answer
+        if cycle is not None:  # begun, waiting for its body to be whole
+            cycle.answered = True
+            cycle.quick = False
+            self._end(True, answer)
+            self.line.next(self)
 
     def gone(self) -> None:
         """Its client went away: the app learns it; the front is told nothing more comes."""
@@ -159,7 +237,7 @@ class _Line:
     """One connection's requests in Python's hands, oldest first; [0] is being answered."""
 
     __slots__ = ("book", "cid", "client", "closing", "eof", "local", "pumping", "queue",
-                 "writable")
+                 "streaming", "writable")
 
     def __init__(self, book: Exchanges, cid: int) -> None:
         self.book, self.cid = book, cid
@@ -168,6 +246,7 @@ class _Line:
         self.pumping = False
         self.closing = False  # an answer closes the connection: the rest are not run
         self.eof = False  # the client sends no more (its answers are still written)
+        self.streaming: Exchange | None = None  # the request whose body is arriving
         found = book.front.addresses(cid)
         self.client, self.local = found if found is not None else (None, None)
 
@@ -206,16 +285,22 @@ class _Line:
 
     def ended_input(self) -> None:
         """The client sends no more: every request learns it (`http.disconnect` once its
-        body is read: a stream ends), as the Python server's `eof_received` tells them."""
+        body is read: a stream ends), as the Python server's `eof_received` tells them; one
+        waiting for its body to be whole for the quick lane goes to the app instead."""
         self.eof = True
         for ex in self.queue:
             if ex.cycle is not None:
                 ex.cycle.disconnected = True
                 ex.cycle.wake()
+        first = self.queue[0].cycle if self.queue else None
+        if first is not None and first.quick and not first.started:
+            first.quick = False
+            first.start()
 
     def gone(self) -> None:
         self.book.lines.pop(self.cid, None)
         queue, self.queue = self.queue, deque()
+        self.streaming = None
         for ex in queue:
             ex.gone()
         self.drained()  # a stream waiting to write ends (it finds its client gone)
@@ -227,7 +312,9 @@ class Exchanges:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.front: Any = None  # set once the front is made
+        self.max_header_bytes = 0  # the front's, set with it (refusals say it)
         self.lines: dict[int, _Line] = {}
+        self.arriving: dict[int, _Line] = {}  # lines with requests new in this take
         self.retiring: list[_Line] = []  # idle closing lines, forgotten after the next take
 
     def idle(self, line: _Line) -> None:
@@ -250,13 +337,57 @@ class Exchanges:
     def pending(self) -> int:
         return sum(len(line.queue) for line in self.lines.values())
 
-    def arrived(self, cid: int, data: bytes) -> None:
-        token, *request = parse_event(data)
+    def _line(self, cid: int) -> _Line:
         line = self.lines.get(cid)
         if line is None:
             line = self.lines[cid] = _Line(self, cid)
-        line.queue.append(Exchange(line, token, tuple(request)))
-        line.pump()
+        return line
+
+    def arrived(self, cid: int, data: bytes, streamed: bool) -> None:
+        token, keep, *request = parse_event(data)
+        line = self._line(cid)
+        ex = Exchange(line, token, keep)
+        line.queue.append(ex)
+        if not line.closing:  # else never run (`pump`), nor its body read
+            ex.prepare(*request, streamed)
+        if streamed:
+            line.streaming = ex
+        self.arriving[cid] = line
+
+    def body(self, cid: int, data: bytes, last: bool) -> None:
+        line = self.lines.get(cid)
+        ex = line.streaming if line is not None else None
+        if ex is not None:
+            if last:
+                line.streaming = None
+            ex.feed(data, last)
+
+    def refused(self, cid: int, data: bytes) -> None:
+        """Input refused as the front read it: a head (an answer in its turn) or the rest
+        of a streamed body (that request is cut there)."""
+        token, what = _REFUSED.unpack_from(data)
+        reason = data[_REFUSED.size:].decode("latin-1")
+        e = refusal(what, self.max_header_bytes, reason)
+        answer = error_response(e.status, error_body(str(e)))
+        line = self._line(cid)
+        ex = line.streaming
+        if ex is not None and ex.token == token:
+            line.streaming = None
+            ex.cut(answer)
+            return
+        ex = Exchange(line, token, False)
+        ex.refusal = answer
+        line.queue.append(ex)
+        self.arriving[cid] = line
+
+    def start(self) -> None:
+        """After a take: the requests it brought may start. Not before: as the Python
+        server parses what a read brought before it starts a request, a request whose
+        streamed body the front refused in the same read is answered with the refusal,
+        never started."""
+        arriving, self.arriving = self.arriving, {}
+        for line in arriving.values():
+            line.pump()
 
     def gone(self, cid: int) -> None:
         line = self.lines.get(cid)

@@ -18,25 +18,22 @@ per batch, and served more on the same cores (`benchmarks.http.front`, `benchmar
   one call: every request gets the JSON the Python path would write (made once per
   block) and its own rows of each output. An error (a 429 at admission, a model error)
   is the same answer to each request of the block.
-- **Requests handed over whole.** Any other request the front frames whole and the
-  Python server would take as it is comes as one event and is answered by the Python
-  server's rules, written back in the connection's order (`deployments.http.native.exchange`).
-- **Python mode.** The odd rest (a large chunked body, bent requests, a slow body,
-  `Expect`, `Upgrade`) is the Python server's to frame: the front hands such a connection's unparsed
-  bytes, from the start of a request, to a `Connection` over a transport of the front's
-  (`_Transport`), which reads and writes through the front's thread, for the rest of the
-  connection's life. It never comes back: the Python server's parser may hold bytes of
-  the next request at any moment, and a connection framed by one parser and then the
-  other could be read two ways.
+- **Every other request handed over framed.** The front frames every request on its
+  connections, once, with the Python server's parser (llhttp); Python never sees a
+  connection's bytes. Any other request comes as one event (its body whole, or streamed as
+  it arrives: `Expect`, a head the framing checks must pass first, a large or slow body),
+  input the parser refuses as a refusal event, and each is answered by the Python server's
+  rules, written back in the connection's order (`deployments.http.native.exchange`).
 
-What a client sees is the same either way (tests/unit/deployments/http/test_front.py and
-test_front_hostile.py send the same bytes through both): same bytes for the same
-answers, same errors, same limits. What differs: a block's requests share its admission
-decision (the engine still counts each request). A client that goes away with requests
-queued: those still gathering are dropped, a block whose every client went away is
-cancelled in the engine (what it has not started never runs), and a block with a client
-left has the gone clients' rows withdrawn from what the engine still holds queued; what
-of them already runs is dropped (`deployments.http.native.departures`).
+What a client sees is the same from either server (test_front.py, test_front_requests.py
+and the differential fuzzer in tests/unit/deployments/http send the same bytes to both):
+same bytes for the same answers, same errors, same limits. What differs: a block's
+requests share its admission decision (the engine still counts each request). A client
+that goes away with requests queued: those still gathering are dropped, a block whose
+every client went away is cancelled in the engine (what it has not started never runs),
+and a block with a client left has the gone clients' rows withdrawn from what the engine
+still holds queued; what of them already runs is dropped
+(`deployments.http.native.departures`).
 
 The module is optional (`ingress.native_front`); where `_front` was not compiled the
 Python server serves alone (`available()`).
@@ -52,7 +49,6 @@ from typing import Any
 from deployments.http.native.blocks import Blocks
 from deployments.http.native.exchange import Exchanges
 from deployments.http.oip.errors import Unavailable, error_parts
-from deployments.http.pyserver.connection import Connection
 from deployments.http.pyserver.cycle import Cycle, error_response
 from deployments.http.pyserver.server import HttpServer, connection_room, slow_head
 from deployments.protocol import error_body
@@ -64,7 +60,7 @@ except ImportError:  # not compiled (no C compiler at install): the Python serve
 
 log = logging.getLogger("deployments.http")
 
-PARTIAL_S = 0.5  # a request arriving slower than this goes to the Python server
+PARTIAL_S = 0.5  # a body arriving slower than this is streamed to the app as it comes
 
 
 def available() -> bool:
@@ -96,74 +92,6 @@ class _LearningCycle(Cycle):
                               self.scope.get("path"))
 
 
-class _Connection(Connection):
-    """A connection in Python mode, for the rest of its life."""
-
-    cycle_class = _LearningCycle
-
-
-class _Transport(asyncio.Transport):
-    """A Python-mode connection's transport: the front's thread does the I/O."""
-
-    def __init__(self, server: FrontServer, cid: int, protocol: Connection) -> None:
-        super().__init__()
-        self.server, self.front, self.cid, self.protocol = server, server.front, cid, protocol
-        self.closing = self.write_paused = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name in ("peername", "sockname"):
-            found = self.front.addresses(self.cid)
-            if found is not None:
-                return found[0] if name == "peername" else found[1]
-        return default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass  # the front's mark: ingress.max_unsent_bytes, the same setting
-
-    def write(self, data: Any) -> None:
-        if self.closing or not data:
-            return
-        if self.front.send(self.cid, data) and not self.write_paused:
-            self.write_paused = True
-            self.protocol.pause_writing()
-
-    def writelines(self, parts: Any) -> None:
-        self.write(b"".join(parts))
-
-    def drained(self) -> None:
-        if self.write_paused:
-            self.write_paused = False
-            self.protocol.resume_writing()
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.front.control(self.cid, 2)
-
-    def pause_reading(self) -> None:
-        self.front.control(self.cid, 3)
-
-    def resume_reading(self) -> None:
-        self.front.control(self.cid, 4)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self._end(0)
-
-    def abort(self) -> None:
-        self._end(1)
-
-    def _end(self, how: int) -> None:
-        if not self.closing:
-            self.closing = True
-            self.front.control(self.cid, how)
-            self.server.transports.pop(self.cid, None)
-            self.server._loop.call_soon(self.protocol.connection_lost, None)
-
-
 class FrontServer(HttpServer):
     """`HttpServer` with the native front (`deployments.http.native._front`) owning its sockets.
     `app`: the OIP app (`OipApp`: its ASGI entry, quick lane and engine are used), or any
@@ -179,7 +107,6 @@ class FrontServer(HttpServer):
         super().__init__(app.direct if self.oip else app,
                          quick=self.oip.quick if self.oip else None, **kwargs)
         self.front: Any = None
-        self.transports: dict[int, _Transport] = {}
         self.book = Blocks(self)  # plans learnt, blocks in flight
         self.exchanges = Exchanges(self)  # requests the front framed, answered here
         self.cycle_class = _LearningCycle
@@ -208,6 +135,7 @@ class FrontServer(HttpServer):
                 self.keep_alive_s, PARTIAL_S, error_response(status, busy, headers),
                 self.header_timeout_s, error_response(408, error_body(slow_head(self))))
             self.exchanges.front = self.front
+            self.exchanges.max_header_bytes = size
         finally:
             sock.close()  # the front holds its own descriptor
         loop.add_reader(self.front.fileno(), self._wake)
@@ -247,53 +175,28 @@ class FrontServer(HttpServer):
                     self._event(kind, cid, flag, data)
                 except Exception:  # one connection's failure ends that connection only
                     log.exception("the HTTP server failed on a connection; closing it")
-                    front.control(cid, 1)
-                    t = self.transports.pop(cid, None)
-                    if t is not None:
-                        t.closing = True
+                    front.abort(cid)
         finally:  # what was queued is answered whatever happened above
             if arrivals:
                 self.book.queued(arrivals, payloads)
+            self.exchanges.start()
             self.exchanges.retire(retiring)
 
     def _event(self, kind: int, cid: int, flag: int, data: bytes) -> None:
-        front = self.front
+        exchanges = self.exchanges
         if kind == _front.REQUEST:
-            self.exchanges.arrived(cid, data)
-        elif kind == _front.ADOPT:
-            self._adopt(cid, data, flag)
+            exchanges.arrived(cid, data, bool(flag))
+        elif kind == _front.BODY:  # a part of a streamed request's body
+            exchanges.body(cid, data, bool(flag))
+        elif kind == _front.REFUSED:
+            exchanges.refused(cid, data)
         elif kind == _front.GONE:  # a client went away with requests queued
-            self.exchanges.gone(cid)
+            exchanges.gone(cid)
             self.book.gone(int.from_bytes(data, "little"))
-        else:
-            t = self.transports.get(cid)
-            if t is None:
-                if kind == _front.DRAINED:  # a stream of a request event may go on
-                    self.exchanges.drained(cid)
-                elif kind == _front.EOF:  # ... or learns its client sends no more
-                    self.exchanges.eof(cid)
-                return
-            if kind == _front.DATA:
-                t.protocol.data_received(data)
-                if not t.closing:
-                    front.control(cid, 5)  # taken: the front reads the next
-            elif kind == _front.EOF:
-                if not t.protocol.eof_received():
-                    t.close()
-            elif kind == _front.LOST:
-                self.transports.pop(cid, None)
-                t.closing = True
-                t.protocol.connection_lost(ConnectionResetError("the client went away"))
-            elif kind == _front.DRAINED:
-                t.drained()
+        elif kind == _front.DRAINED:  # a stream of an answer may go on
+            exchanges.drained(cid)
+        elif kind == _front.EOF:  # ... or learns its client sends no more
+            exchanges.eof(cid)
 
-    def _adopt(self, cid: int, data: bytes, eof: bool) -> None:
-        conn = _Connection(self)
-        t = self.transports[cid] = _Transport(self, cid, conn)
-        conn.connection_made(t)
-        if data:
-            conn.data_received(data)
-        if eof and not t.closing and not conn.eof_received():
-            t.close()
 
 __all__ = ["FrontServer", "available"]

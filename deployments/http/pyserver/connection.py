@@ -38,7 +38,16 @@ from urllib.parse import unquote
 import httptools
 
 from deployments.http.pyserver.cycle import READ_BUFFER_BYTES, Cycle, error_response
-from deployments.http.pyserver.framing import Refused, framing, shown
+from deployments.http.pyserver.framing import (
+    HEAD_TOO_LONG,
+    HEADERS_TOO_LONG,
+    MALFORMED,
+    URL_TOO_LONG,
+    Refused,
+    framing,
+    refusal,
+    shown,
+)
 from deployments.protocol import error_body
 
 log = logging.getLogger("deployments.http")
@@ -205,9 +214,7 @@ class Connection:
                         self.head_since = time.monotonic()
                     self.head_fed += len(piece)
                     if self.head_fed > self.server.max_head_bytes:
-                        self.refuse(431, "the request's head (request line and headers) is "
-                                          f"over {self.server.max_header_bytes} bytes "
-                                          "(ingress.max_header_bytes); send fewer or smaller")
+                        self._refuse(refusal(HEAD_TOO_LONG, self.server.max_header_bytes))
                         return
                 self._feed(piece)
             if self.no_more:
@@ -239,7 +246,7 @@ class Connection:
             else:
                 if why is not None:
                     log.error("HTTP parser callback failed", exc_info=why)
-                self.refuse(400, f"malformed HTTP request: {e}; send HTTP/1.1")
+                self._refuse(refusal(MALFORMED, self.server.max_header_bytes, str(e)))
 
     def _flow(self) -> None:
         """Read the socket only while what is read can be parsed."""
@@ -261,15 +268,12 @@ class Connection:
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.server.max_header_bytes:
-            raise self._refused(414, f"the request URL is over {self.server.max_header_bytes}"
-                                     " bytes")
+            raise self._refused(refusal(URL_TOO_LONG, self.server.max_header_bytes))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value)
         if self.header_bytes > self.server.max_header_bytes:
-            raise self._refused(431, "the request headers are over "
-                                     f"{self.server.max_header_bytes} bytes "
-                                     "(ingress.max_header_bytes); send fewer or smaller")
+            raise self._refused(refusal(HEADERS_TOO_LONG, self.server.max_header_bytes))
         if self.in_head:  # a chunked body's trailer fields are counted, never used
             self.headers.append((name.lower(), value))
 
@@ -280,9 +284,12 @@ class Connection:
             self.refusal = e
             raise
 
-    def _refused(self, status: int, message: str) -> Refused:
-        self.refusal = Refused(status, message)
-        return self.refusal
+    def _refused(self, refused: Refused) -> Refused:
+        self.refusal = refused
+        return refused
+
+    def _refuse(self, refused: Refused) -> None:
+        self.refuse(refused.status, str(refused))
 
     def _head_complete(self) -> None:
         parser = self.parser

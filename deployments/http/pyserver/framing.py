@@ -19,6 +19,25 @@ class Refused(Exception):
         self.status = status
 
 
+# Input refused as it is read, before a request could be framed (the native front's codes)
+HEAD_TOO_LONG, URL_TOO_LONG, HEADERS_TOO_LONG, MALFORMED = 1, 2, 3, 4
+
+
+def refusal(what: int, max_header_bytes: int, reason: str = "") -> Refused:
+    """How either server refuses input its parser or a head's limit stopped: `what` (one of
+    the codes above), `reason` the parser's for MALFORMED."""
+    if what == HEAD_TOO_LONG:
+        return Refused(431, "the request's head (request line and headers) is over "
+                            f"{max_header_bytes} bytes (ingress.max_header_bytes); send "
+                            "fewer or smaller")
+    if what == URL_TOO_LONG:
+        return Refused(414, f"the request URL is over {max_header_bytes} bytes")
+    if what == HEADERS_TOO_LONG:
+        return Refused(431, f"the request headers are over {max_header_bytes} bytes "
+                            "(ingress.max_header_bytes); send fewer or smaller")
+    return Refused(400, f"malformed HTTP request: {reason}; send HTTP/1.1")
+
+
 def framing(version: str, method: str, headers: list[tuple[bytes, bytes]]
              ) -> tuple[bool, int | None, bool]:
     """(expects 100-continue, Content-Length, chunked) of a request head, or `Refused`

@@ -211,7 +211,7 @@ def _slowloris_behind_the_front() -> None:
             s.close()
     assert all(g.startswith(b"HTTP/1.1 408 ") and b"connection: close" in g for g in got), \
         next(g for g in got if not g.startswith(b"HTTP/1.1 408 "))
-    assert stats["python_mode"] == 0 and stats["switched"] == 0, stats
+    assert stats["streamed"] == 0 and stats["refusals"] == 0, stats
 
 
 def test_past_max_connections_an_idle_one_makes_room_else_503():
