@@ -312,8 +312,8 @@ class Ingress(GrpcIngress):
 
     async def front_counts(self) -> dict[str, int]:
         """The native front's own counters on this replica (`fast`: requests it queued
-        itself, without the Python server; `switched`: connections it handed to the Python
-        server; connections, slots...); {} where the native front does not run here."""
+        itself; `requests`, `streamed`: those it handed to Python whole or streamed;
+        `refusals`; connections, slots...); {} where the native front does not run here."""
         stats = getattr(self.native, "stats", None)
         return stats() if callable(stats) else {}
 
