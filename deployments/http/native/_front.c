@@ -562,10 +562,10 @@ static int rq_header(rq_t *r) {
     const char *n = r->name, *v = r->value;
     size_t nn = r->name_len, vn = r->value_len;
     r->name = r->value = NULL; r->name_len = r->value_len = 0;
-    r->head_end = v + vn;
     r->bytes += nn + vn;
     if (r->bytes > f->max_header_bytes) { r->why = NO_HEADERS; return -1; }
     if (r->headers_done) return 0;  /* a chunked body's trailer field: counted, never used */
+    r->head_end = v + vn;
     field_t fl = {n, nn, v, vn};
     if (buf_add(&f->fields, &fl, sizeof fl)) { r->oom = 1; return -1; }
     r->count++;
