@@ -115,6 +115,7 @@ typedef struct {
     held_t *held;                 /* answers that came before an earlier one's */
     size_t held_bytes;            /* ... their bytes */
     int eof, no_more, over_high, shut_after, close_after;
+    int eof_owed;                 /* the client sent all it will: Python is still to be told */
     size_t need;                  /* bytes of the request being received, once its head is */
     struct stream *st;            /* the request whose body is streamed to Python, if any */
     uint32_t events;              /* what epoll watches now */
@@ -132,7 +133,7 @@ typedef struct {
     const char *method; size_t method_len;
     const char *url; size_t url_len;
     const char *name; size_t name_len; const char *value; size_t value_len;
-    uint32_t count; size_t bytes;
+    uint32_t count; size_t bytes, head_bytes; /* header bytes (a trailer's too), the head's */
     int hosts, coded, headers_done, complete, has_json, plain, major, minor;
     int why;    /* a refusal found (NO_HEAD, NO_URL, NO_HEADERS, NO_MALFORMED) */
     const char *reason; /* llhttp's, for NO_MALFORMED */
@@ -628,6 +629,7 @@ static int rq_headers(llhttp_t *p) {
     Front *f = r->f;
     if (rq_header(r)) return -1;
     r->headers_done = 1;
+    r->head_bytes = r->bytes;
     r->length = p->content_length;
     r->major = p->http_major; r->minor = p->http_minor;
     int method = llhttp_get_method(p);
@@ -891,7 +893,7 @@ static int begin_stream(Front *f, uint32_t slot, const char *at, size_t avail) {
     st->p.data = st; st->f = f; st->slot = slot;
     st->in_head = 1;
     st->gate = f->rq.odd;  /* a head the Python server may refuse: its body waits */
-    st->bytes = f->rq.bytes;
+    st->bytes = f->rq.head_bytes;  /* its trailer, if `recognise` read it, is counted anew */
     if (llhttp_execute(&st->p, at, avail) != HPE_PAUSED || st->in_head) { free(st); return -1; }
     size_t head = llhttp_get_error_pos(&st->p) - at;
     int keep = llhttp_should_keep_alive(&st->p) && !st->p.upgrade;
@@ -1010,6 +1012,14 @@ static void parse(Front *f, uint32_t slot, double now) {
     }
     if (!c->open) return;
     if (c->in_off && c->in_off == c->in.len) c->in.len = c->in_off = 0;
+    /* the client sends no more: the requests Python answers learn it once what it sent is
+     * framed, and a streamed body's last bytes handed over (as the Python server's app
+     * reads what was sent before it is told); their answers are still written, for a
+     * client that only half-closed */
+    if (c->eof_owed && (!c->st || c->in.len == c->in_off)) {
+        c->eof_owed = 0;
+        if (c->next_seq != c->write_seq) push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0);
+    }
     if (f->closing && idle(c)) { close_conn(f, slot); return; }
     if (c->mode == M_C && c->eof && c->write_seq == c->next_seq && c->in.len == c->in_off) {
         if (c->out.len > c->out_off) c->close_after = 1; else { close_conn(f, slot); return; }
@@ -1035,7 +1045,6 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
         return;
     }
     if (c->mode == M_C) {
-        int ended = 0;
         for (int i = 0; i < 4 && c->open && !c->eof; i++) {
             size_t room = in_room(f, c), have = c->in.len - c->in_off;
             if (have >= room) break;
@@ -1046,7 +1055,7 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
             }
             if (buf_reserve(&c->in, READ_CHUNK)) { close_conn(f, slot); return; }
             ssize_t n = recv(c->fd, c->in.p + c->in.len, want, 0);
-            if (n == 0) { c->eof = ended = 1; break; }
+            if (n == 0) { c->eof = c->eof_owed = 1; break; }
             if (n < 0) {
                 if (errno == EINTR) continue;
                 if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -1057,11 +1066,6 @@ static void on_read(Front *f, uint32_t slot, double now, uint32_t e) {
             if ((size_t)n < want) break;
         }
         parse(f, slot, now);
-        /* the client sends no more: the requests Python answers learn it, once those in
-         * what it sent last are framed (as the Python server tells its requests); their
-         * answers are still written, for a client that only half-closed */
-        if (ended && c->open && c->mode == M_C && c->next_seq != c->write_seq)
-            push_ev(f, EV_EOF, slot, c->gen, 0, NULL, 0);
         return;
     }
     /* lingering: what the client still sends is read and dropped until it closes */

@@ -154,6 +154,8 @@ class Cycle:
                 self.buffered = 0
                 more = not self.complete
                 self.body_done = not more
+                if body:
+                    self.expect_100 = False  # the client sends its body: no 100 after it
                 # Reading again may parse the rest of the body at once (and complete the
                 # request): that rest is the next message's, so `more` is decided first.
                 self.conn.resume_reading()
