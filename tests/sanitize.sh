@@ -12,7 +12,8 @@ CC=${CC:-gcc}
 FRONT_TESTS=(tests/unit/deployments/http/test_front.py tests/unit/deployments/http/test_front_hostile.py
              tests/unit/deployments/http/test_front_safety.py
              tests/unit/deployments/http/test_front_requests.py
-             tests/unit/deployments/http/test_front_streams.py)
+             tests/unit/deployments/http/test_front_streams.py
+             tests/unit/deployments/http/test_front_bounds.py)
 # and the differential fuzzer, which also runs plainly with its 20,000 streams: here fewer
 # (a sanitized front is slower), RAYBATCH_SANITIZED_FUZZ_STREAMS
 FUZZ=tests/unit/deployments/http/test_front_differential.py
