@@ -16,7 +16,7 @@ import pytest
 from deployments.http.native.front import available
 from tests.unit.deployments.http.served import request
 from tests.unit.deployments.http.test_front import binary
-from tests.unit.deployments.http.test_front_requests import both_servers
+from tests.unit.deployments.http.test_front_requests import both_servers, chunked
 
 pytestmark = pytest.mark.skipif(not available(), reason="the native front is not compiled "
                                 "(needs a C compiler): run `make setup` with gcc installed")
@@ -29,16 +29,10 @@ LIVE = request("GET", "/v2/health/live")
 
 def _chunked(rng: random.Random) -> bytes:
     raw = binary([1.0] * rng.randrange(8000, 11000))  # 32-44 KB: about a head's bound
-    head, body = raw.split(b"\r\n\r\n", 1)
-    lines = b"\r\n".join(ln for ln in head.split(b"\r\n")
-                         if not ln.startswith(b"content-length"))
     step = rng.choice([100, 4096, 30000])
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + step]), body[i:i + step])
-                      for i in range(0, len(body), step))
     trailer = rng.choice([b"", b"x-t: 1\r\n",
                           b"x-big: " + b"t" * rng.randrange(1000, 17000) + b"\r\n"])
-    return (lines + b"\r\ntransfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n" + trailer
-            + b"\r\n" + rng.choice([b"", LIVE]))
+    return chunked(raw, step, trailer) + rng.choice([b"", LIVE])
 
 
 def cases(rng: random.Random) -> list[bytes]:

@@ -66,13 +66,15 @@ def both_servers(cases: list[bytes], **limits) -> tuple[list[bytes], list[bytes]
     return python, front, stats
 
 
-def chunked(raw: bytes, piece: int = 40) -> bytes:
-    """`raw` (a whole request with a Content-Length) sent with chunked transfer coding."""
+def chunked(raw: bytes, piece: int = 40, trailer: bytes = b"") -> bytes:
+    """`raw` (a whole request with a Content-Length) sent with chunked transfer coding, in
+    chunks of `piece` bytes, `trailer` (whole field lines) after the last."""
     head, body = raw.split(b"\r\n\r\n", 1)
     lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"content-length")]
     parts = [body[i:i + piece] for i in range(0, len(body), piece)]
     return (b"\r\n".join(lines) + b"\r\ntransfer-encoding: chunked\r\n\r\n"
-            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n")
+            + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+            + b"0\r\n" + trailer + b"\r\n")
 
 
 def test_requests_without_a_plan_go_to_python_framed_whole_or_streamed_never_the_connection():

@@ -17,7 +17,7 @@ from deployments.http.native.front import FrontServer, available
 from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import Served, read_response, request
 from tests.unit.deployments.http.test_front import binary
-from tests.unit.deployments.http.test_front_requests import both_servers, until
+from tests.unit.deployments.http.test_front_requests import both_servers, chunked, until
 
 pytestmark = pytest.mark.skipif(not available(), reason="the native front is not compiled "
                                 "(needs a C compiler): run `make setup` with gcc installed")
@@ -172,14 +172,8 @@ def test_a_chunked_request_past_a_heads_bound_with_a_trailer_is_served_not_refus
     # the trailer lies past the bound on a head; it is no part of one (the Python server
     # counts its bytes toward the header limit, once, not toward the head's)
     raw = binary([float(i % 7) for i in range(12_000)])  # 48 KB of tensor
-    head, body = raw.split(b"\r\n\r\n", 1)
-    lines = b"\r\n".join(ln for ln in head.split(b"\r\n")
-                         if not ln.startswith(b"content-length"))
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 4096]), body[i:i + 4096])
-                      for i in range(0, len(body), 4096))
     trailer = b"x-t: " + b"t" * 9000 + b"\r\n"  # under the limit once, over it twice
-    case = lines + b"\r\ntransfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n" + trailer + b"\r\n"
-    python, front, stats = both_servers([case])
+    python, front, stats = both_servers([chunked(raw, 4096, trailer)])
     assert front == python and python[0].startswith(b"HTTP/1.1 200 "), python[0][:200]
     assert stats["refusals"] == 0 and stats["streamed"] == 1, stats
 
