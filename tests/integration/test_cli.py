@@ -1,4 +1,5 @@
-"""The `raybatch` command line against real Ray: `status` on the running app, and `up`."""
+"""The `raybatch` command line against real Ray: `status` on the running app. (`up` as a user
+runs it, a local Ray of its own: tests/integration/test_up_stop.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT, free_port
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -54,21 +55,3 @@ def test_status_prints_replicas_and_batches_for_people(app):
     square = lines[at + 1:at + 4]
     assert any(re.search(r"replica-0: ALIVE, .* in process gpus", line) for line in square), out
     assert "WARNING" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.own_ray
-def test_up_starts_a_local_ray_deploys_and_prints_where_it_serves():
-    # Its own Ray, not the session's: the embedded default of `raybatch up`.
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    port = free_port()
-    proc = raybatch("up", "--exit-after-deploy", "--port", str(port), "--num-cpus", "2",
-                    "--config", str(CONFIGS / "small.yaml"), env=env, timeout_s=170)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    # A clean start: no warning that is not a real problem, Ray's included.
-    warnings = [line for line in (proc.stdout + proc.stderr).splitlines()
-                if re.search(r"\bWARN(ING)?\b|not placed", line)]
-    assert not warnings, warnings
-    base = f"http://127.0.0.1:{port}/small"  # the config's ingress.route_prefix
-    assert f"Raybatch is serving at {base}\n" in proc.stdout, proc.stdout
-    assert f"square     {base}/v2/models/square/infer" in proc.stdout, proc.stdout

@@ -1,7 +1,8 @@
-"""A local `raybatch up` as a user runs it, in a process of its own: Ctrl-C stops it
-cleanly (exit 0, having deleted the app), a second Ctrl-C stops it at once (exit 130), a
-request held past `ingress.stop_timeout_s` is given up on (exit 130, saying so); a killed
-one leaves nothing that stops the next from serving, and `raybatch down` ends what it left.
+"""A local `raybatch up` as a user runs it, in a process of its own: it starts without a
+warning and says where it serves; Ctrl-C stops it cleanly (exit 0, having deleted the app),
+a second Ctrl-C stops it at once (exit 130), a request held past `ingress.stop_timeout_s`
+is given up on (exit 130, saying so); a killed one leaves nothing that stops the next from
+serving, and `raybatch down` ends what it left.
 
 Every check is of what happened, in what order, never of how long it took: how soon each
 stop ends is `python -m benchmarks.serve.reliability_times stop`'s (its targets: an idle
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -176,9 +178,17 @@ def patient_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_ctrl_c_stops_an_idle_up_cleanly_and_leaves_nothing(world, tmp_path):
+def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_leaves_nothing(world, tmp_path):
     up = start(world, patient_config(tmp_path))
     up.wait_for(READY)
+    started = up.text()
+    # A clean start: no warning that is not a real problem, Ray's included.
+    warnings = [line for line in started.splitlines()
+                if re.search(r"\bWARN(ING)?\b|not placed", line)]
+    assert not warnings, warnings
+    base = f"http://127.0.0.1:{up.ports['http']}/small"  # the config's ingress.route_prefix
+    assert f"Raybatch is serving at {base}\n" in started, started
+    assert f"square     {base}/v2/models/square/infer" in started, started
     up.answers()
     time.sleep(1)  # the lines printed after the welcome
     from raybatch import runs
