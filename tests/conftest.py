@@ -38,6 +38,12 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.modules["deployments.http.native._front"] = module
 
 
+# How long a test may wait on something before it counts as hung: a guard against a hang,
+# never a bound on speed (a busy 2-core machine runs a test several times slower than a quiet
+# one; a test fails for being slow only short of this).
+HANG_S = 120.0
+
+
 def wait_until(check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.1,
                what: str = "condition") -> Any:
     """Poll `check` until it returns something truthy; fail after `timeout_s`."""

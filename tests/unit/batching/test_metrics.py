@@ -39,13 +39,14 @@ from batching.sequence.host import SequenceHost
 from batching.sequence.policy import SequencePolicy
 from batching.types import Request
 from deployments.models.stateful import Accumulator
+from tests.conftest import HANG_S
 from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, spin
 from tests.unit.batching.iterative.test_host import FakeStepReplica
 from tests.unit.batching.sequence.test_host import StoreReplica, submit, x32
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 @pytest.mark.parametrize(("error", "outcome"), [

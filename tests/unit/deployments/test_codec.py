@@ -17,9 +17,10 @@ import pytest
 from deployments.replica.link_server import ThreadedLinkServer
 from deployments.wire.codec import KIND, OOB, OOB_MIN_BYTES, decode, encode
 from deployments.wire.link import HEAD, INFER, REPLY, Link, LinkServer
+from tests.conftest import HANG_S
 
 
-def run(coro, timeout_s: float = 30.0):
+def run(coro, timeout_s: float = HANG_S):
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 

@@ -24,14 +24,14 @@ from deployments.wire.endpoint import (
 )
 from deployments.wire.keepalive import DEFAULT
 from deployments.wire.link import Link, LinkLost, LinkServer
-from tests.conftest import until
+from tests.conftest import HANG_S, until
 
 pytestmark = pytest.mark.skipif(not UNIX, reason="Unix sockets with abstract names: Linux only")
 
 LOOPS = ["asyncio", "uvloop"]
 
 
-def run(coro, loop: str = "asyncio", timeout_s: float = 30.0):
+def run(coro, loop: str = "asyncio", timeout_s: float = HANG_S):
     if loop == "uvloop":
         uvloop = pytest.importorskip("uvloop", reason="uvloop comes with ray[serve]")
         return uvloop.run(asyncio.wait_for(coro, timeout_s))

@@ -28,6 +28,7 @@ from batching.sequence.stateful import StateStore
 from cluster.config import ModelConfig, import_object
 from deployments.ingress.placement import IngressPlacement
 from deployments.wire.generation import collect
+from tests.conftest import HANG_S
 
 ACCUMULATOR = {
     "name": "acc", "transformer": "deployments.models:Accumulator",
@@ -90,7 +91,7 @@ def backend(model: dict, **changes) -> IngressPlacement:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 async def spin(turns: int = 50) -> None:

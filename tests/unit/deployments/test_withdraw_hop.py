@@ -22,7 +22,7 @@ from deployments.ingress.coalesce import Coalescer
 from deployments.wire.bundles import Entry
 from deployments.wire.link import Link, LinkServer
 from deployments.wire.withdraw import Withdraw
-from tests.conftest import until
+from tests.conftest import HANG_S, until
 
 CONFIG = {"name": "sq", "transformer": "deployments.models:Square",
           "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
@@ -30,7 +30,7 @@ CONFIG = {"name": "sq", "transformer": "deployments.models:Square",
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 class Held:

@@ -26,7 +26,7 @@ from batching import (
     VectorTransformer,
     WorkerDied,
 )
-from tests.conftest import until
+from tests.conftest import HANG_S, until
 
 
 class Square(VectorTransformer):
@@ -64,7 +64,7 @@ class BadSetup(VectorTransformer):
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def gated(policy=None, **kw):

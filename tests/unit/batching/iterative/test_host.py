@@ -25,6 +25,7 @@ from batching.iterative.host import DIED, Finished, IterativeHost, LocalStepClie
 from batching.iterative.policy import IterativePolicy
 from batching.iterative.scheduler import GenerateRequest, Join
 from batching.loop import ReplicaDied
+from tests.conftest import HANG_S
 
 
 class Spell(StepModel):
@@ -94,7 +95,7 @@ async def spin(turns: int = 10) -> None:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 30))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def make_host(*replicas, clock=None, **policy):

@@ -27,6 +27,7 @@ from batching.sequence.host import SequenceHost
 from batching.sequence.policy import SequencePolicy
 from batching.sequence.stateful import SequenceBatchInput, StatefulTransformer, StateStore
 from deployments.models.stateful import GRU, Accumulator
+from tests.conftest import HANG_S
 
 
 class StoreReplica:
@@ -97,7 +98,7 @@ async def spin(turns: int = 20) -> None:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def accumulator() -> Accumulator:

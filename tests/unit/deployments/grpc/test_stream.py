@@ -18,7 +18,7 @@ from deployments.grpc import GrpcIngress
 from deployments.grpc.generate import FINAL
 from deployments.ingress.placement import IngressPlacement
 from deployments.models import Square
-from tests.conftest import APP_CONFIG
+from tests.conftest import APP_CONFIG, HANG_S
 from tests.unit.deployments.grpc.test_generate import prompt, request, tensor
 from tests.unit.deployments.grpc.test_servicer import FakeBatcher, Served, servicer
 from tests.unit.deployments.test_placement import TINYLM, InProcessPool, spin
@@ -108,7 +108,7 @@ async def all_of(requests: Requests, models) -> list:
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def test_a_stream_gives_token_for_token_what_generate_answers_and_flags_the_last():
