@@ -277,5 +277,5 @@ def test_one_stream_runs_at_most_max_in_flight_requests_at_once():
         answers = [await first] + [r async for r in out]
         return sorted(answers), most
 
-    answers, most = asyncio.run(asyncio.wait_for(main(), 10))
+    answers, most = asyncio.run(asyncio.wait_for(main(), HANG_S))
     assert answers == list(range(200)) and most == MAX_IN_FLIGHT
