@@ -8,9 +8,11 @@ start less often:
 
 Every process's CPU time is read from /proc once a second and charged to the kind its
 command line says it is at that moment (a Ray worker is "starting" until it names itself
-after its actor); CPU a process used before the first look is not counted, and one that
-lives less than a second may be missed. Meaningful when nothing else runs. Prints the
-kinds, then the 25 costliest command lines; the command's exit status is this one's.
+after its actor); a process already running when the command starts counts from then on.
+One that lives less than a second is missed, and so is each process's last second before
+it exits: an undercount, the larger for many short processes. Meaningful when nothing else
+runs. Prints the kinds, then the 25 costliest command lines; the command's exit status
+is this one's.
 """
 
 from __future__ import annotations
@@ -62,29 +64,30 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("give the command to run after --")
-    seen: dict[int, float] = {p.pid: _cpu(p) for p in psutil.process_iter()}
+    # a process is its pid and start time (a pid is reused); CPU it had before we began,
+    # not counted
+    seen: dict[tuple[int, float], float] = {k: cpu for k, cpu, _ in _processes()}
     by_kind: collections.Counter[str] = collections.Counter()
     by_title: collections.Counter[str] = collections.Counter()
     done = threading.Event()
 
+    def take() -> None:
+        for key, used, title in _processes():
+            delta, seen[key] = used - seen.get(key, 0.0), used
+            if delta > 0 and key[0] != os.getpid():
+                by_kind[kind(title)] += delta
+                by_title[title] += delta
+
     def sample() -> None:
         while not done.wait(1.0):
-            for p in psutil.process_iter():
-                try:
-                    used = _cpu(p)
-                    title = _title(p)
-                except (psutil.Error, OSError):
-                    continue
-                delta, seen[p.pid] = used - seen.get(p.pid, 0.0), used
-                if delta > 0 and p.pid != os.getpid():
-                    by_kind[kind(title)] += delta
-                    by_title[title] += delta
+            take()
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     rc = subprocess.call(command)
     done.set()
     thread.join()
+    take()  # what the processes still there used since the last look
     total = sum(by_kind.values())
     print(f"---- CPU by kind of process: {total:.0f} CPU-s ----")
     for name, cpu in by_kind.most_common():
@@ -95,9 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _cpu(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return t.user + t.system
+def _processes() -> list[tuple[tuple[int, float], float, str]]:
+    """(pid and start time, CPU seconds so far, title) of every process still there."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            t = p.cpu_times()
+            out.append(((p.pid, p.create_time()), t.user + t.system, _title(p)))
+        except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
+            continue
+    return out
 
 
 if __name__ == "__main__":
