@@ -237,8 +237,8 @@ async def until(check: Callable[[], Any], what: str = "condition",
         await asyncio.sleep(every_s)
 
 
-def arun(coro, timeout_s: float = 120.0):
-    """Run a coroutine in a fresh event loop, bounded."""
+def arun(coro, timeout_s: float = HANG_S):
+    """Run a coroutine in a fresh event loop, bounded by a hang guard (`HANG_S`)."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 

@@ -7,8 +7,6 @@ as the engine produces them, before any Prometheus naming.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from batching import (
@@ -39,14 +37,10 @@ from batching.sequence.host import SequenceHost
 from batching.sequence.policy import SequencePolicy
 from batching.types import Request
 from deployments.models.stateful import Accumulator
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, spin
 from tests.unit.batching.iterative.test_host import FakeStepReplica
 from tests.unit.batching.sequence.test_host import StoreReplica, submit, x32
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 @pytest.mark.parametrize(("error", "outcome"), [

@@ -5,8 +5,6 @@ where sharing cannot hold (not dynamic, not on an actor, sharded)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -14,7 +12,7 @@ from batching.errors import Draining, InvalidRequest
 from cluster.config import load_config
 from deployments.app import batching_actors, build_app
 from deployments.batcher.actor import BatcherActor
-from tests.conftest import HANG_S
+from tests.conftest import arun
 
 TENSOR = {"datatype": "FP32", "shape": [-1]}
 
@@ -85,7 +83,7 @@ def test_each_model_of_a_shared_actor_keeps_its_own_engine(monkeypatch):
                 client._thread.shutdown(wait=True)
         return sq, plus1, default, stats, drained, late
 
-    sq, plus1, default, stats, drained, late = asyncio.run(asyncio.wait_for(main(), HANG_S))
+    sq, plus1, default, stats, drained, late = arun(main())
     assert sq[0][1].tolist() == [9.0] and np.asarray(plus1[0][1]).tolist() == [4.0]
     assert default[0][1].tolist() == [9.0]
     assert stats["sq"]["success"]["count"] == 2 and stats["plus1"]["success"]["count"] == 1

@@ -22,7 +22,7 @@ from deployments.ingress.coalesce import Coalescer
 from deployments.ingress.route import ModelRoute
 from deployments.wire import bundles
 from deployments.wire.bundles import Arrival, Entry, entries, pack, submit_entry, time_left
-from tests.conftest import HANG_S
+from tests.conftest import arun
 from tests.unit.deployments.test_coalesce import FakeActor, spin
 from tests.unit.deployments.test_placement import ACCUMULATOR, backend
 
@@ -227,7 +227,7 @@ def test_the_batching_actor_refuses_what_passed_its_deadline_on_the_way_and_serv
             await actor.infer([(5, x[1], None, None), (6, x[1], None, 0.5)], "caller", sent)
         assert actor._engine(None)._by_key == {} and actor.host.open_requests == 0
         await actor.host.close(1.0, reason="test over")
-    asyncio.run(asyncio.wait_for(main(), HANG_S))
+    arun(main())
 
 
 def test_an_engine_in_the_ingress_reads_a_client_bundles_deadlines_the_same_way(
@@ -243,7 +243,7 @@ def test_an_engine_in_the_ingress_reads_a_client_bundles_deadlines_the_same_way(
                                       Entry("c", one, None, sent[1] + 60.0, (3, False, False))],
                                      sent)
 
-    by_key = {k: (v, e) for k, v, e in asyncio.run(asyncio.wait_for(main(), HANG_S))}
+    by_key = {k: (v, e) for k, v, e in arun(main())}
     assert isinstance(by_key["a"][1], Overloaded) and by_key["a"][1].retry_after_s == 5.0
     assert int(np.asarray(by_key["b"][0]).ravel()[0]) == 3
     assert isinstance(by_key["c"][1], UnknownSequence)  # its own error, as before

@@ -13,7 +13,7 @@ import pytest
 
 from batching.errors import Cancelled, WorkerDied
 from deployments.ingress.coalesce import Coalescer
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 
 class _Method:
@@ -49,8 +49,6 @@ async def spin(turns: int = 5) -> None:
         await asyncio.sleep(0)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def test_one_tick_is_one_bundle_and_each_request_gets_its_own_answer():

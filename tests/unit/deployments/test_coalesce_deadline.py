@@ -13,7 +13,8 @@ from batching.errors import NoAnswerInTime, http_status
 from batching.sequence.policy import SequencePolicy
 from deployments.ingress.coalesce import LATE_ANSWER_S, Coalescer
 from deployments.ingress.route import hard_timeout
-from tests.unit.deployments.test_coalesce import FakeActor, run, spin
+from tests.conftest import arun as run
+from tests.unit.deployments.test_coalesce import FakeActor, spin
 
 
 class Clock:

@@ -17,11 +17,7 @@ import pytest
 from deployments.replica.link_server import ThreadedLinkServer
 from deployments.wire.codec import KIND, OOB, OOB_MIN_BYTES, decode, encode
 from deployments.wire.link import HEAD, INFER, REPLY, Link, LinkServer
-from tests.conftest import HANG_S
-
-
-def run(coro, timeout_s: float = HANG_S):
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+from tests.conftest import arun as run
 
 
 def joined(value) -> tuple[int, bytearray]:

@@ -11,7 +11,7 @@ import pytest
 from batching.errors import Draining, ServiceClosed, http_status
 from deployments.batcher.attachments import Attachments
 from deployments.ingress.drain import IngressDrain
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 
 class _Call:
@@ -52,8 +52,6 @@ class FakeBatcher:
         self.attach, self.detach = _Call(attach), _Call(detach)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def test_the_last_live_replica_to_detach_is_told_none_is_left():

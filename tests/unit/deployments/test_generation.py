@@ -20,7 +20,8 @@ from batching.iterative.host import IterativeHost, LocalStepClient
 from batching.iterative.policy import IterativePolicy
 from deployments.models.tinylm import TinyLM
 from deployments.wire.generation import GenerateMux, StreamHub, collect, generate_request
-from tests.conftest import HANG_S, until
+from tests.conftest import arun as run
+from tests.conftest import until
 
 
 class _Method:
@@ -71,8 +72,6 @@ async def _setup(**policy):
     return host, actor, GenerateMux(lambda: actor)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def test_concurrent_streams_get_their_own_text_with_one_poll_per_step_not_per_stream():

@@ -23,7 +23,7 @@ from deployments.batcher.hosts import make_host
 from deployments.replica.actor import ModelReplica
 from deployments.replica.inprocess import InProcessClient
 from deployments.replica.pool import ReplicaPool
-from tests.conftest import HANG_S, until
+from tests.conftest import arun, until
 
 THREADS: list[tuple[str, str]] = []  # (what ran, on which thread), appended by Probe
 
@@ -183,6 +183,6 @@ def test_the_pool_adds_a_replica_when_the_wait_bound_refuses_what_the_count_neve
         await host.close(1.0, reason="test over")
         return before, refused, after, host.wait_refusals
 
-    before, refused, after, counted = asyncio.run(asyncio.wait_for(main(), HANG_S))
+    before, refused, after, counted = arun(main())
     assert before == 1 and refused > 0 and counted == refused
     assert after == 2

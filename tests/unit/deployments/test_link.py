@@ -17,11 +17,8 @@ import pytest
 from batching.errors import InvalidRequest, WorkerDied
 from deployments.ingress.coalesce import BatcherStopped, Coalescer
 from deployments.wire.link import HEAD, INFER, MAX_FRAME, Link, LinkLost, LinkServer
-from tests.conftest import HANG_S, until
-
-
-def run(coro, timeout_s: float = HANG_S):
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
+from tests.conftest import arun as run
+from tests.conftest import until
 
 
 class Actor:

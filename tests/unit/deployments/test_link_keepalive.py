@@ -26,13 +26,12 @@ from deployments.wire.link import (
     LinkServer,
     _frame,
 )
-from tests.conftest import HANG_S, until
+from tests.conftest import arun as run
+from tests.conftest import until
 
 K = Keepalive(ping_s=0.5, dead_s=2.0)
 
 
-def run(coro, timeout_s: float = HANG_S):
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 # -- the heartbeat alone ----------------------------------------------------------------

@@ -18,14 +18,13 @@ from deployments.ingress.coalesce import Coalescer
 from deployments.wire.bundles import entries
 from deployments.wire.keepalive import Keepalive
 from deployments.wire.link import PING, PONG, REPLY, Link, LinkLost, LinkServer, _frame, _Served
-from tests.conftest import HANG_S, until
+from tests.conftest import arun as run
+from tests.conftest import until
 from tests.unit.deployments.test_link_keepalive import Clock, FakeTransport
 
 K = Keepalive(ping_s=0.5, dead_s=2.0)
 
 
-def run(coro, timeout_s: float = HANG_S):
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 class SocketTransport(FakeTransport):

@@ -28,7 +28,7 @@ from batching.sequence.stateful import StateStore
 from cluster.config import ModelConfig, import_object
 from deployments.ingress.placement import IngressPlacement
 from deployments.wire.generation import collect
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 ACCUMULATOR = {
     "name": "acc", "transformer": "deployments.models:Accumulator",
@@ -90,8 +90,6 @@ def backend(model: dict, **changes) -> IngressPlacement:
     return IngressPlacement(config, None, 1, make_pool=InProcessPool)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 async def spin(turns: int = 50) -> None:

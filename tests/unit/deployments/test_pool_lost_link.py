@@ -14,8 +14,9 @@ from batching.loop import ReplicaDied
 from deployments.replica.client import RayReplicaClient
 from deployments.replica.pool import ReplicaPool
 from deployments.wire.keepalive import Keepalive
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.test_link import Replica, run
+from tests.unit.deployments.test_link import Replica
 from tests.unit.deployments.test_replica_threads import config
 
 K = Keepalive(0.5, 2.0)

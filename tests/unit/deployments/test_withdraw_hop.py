@@ -22,15 +22,14 @@ from deployments.ingress.coalesce import Coalescer
 from deployments.wire.bundles import Entry
 from deployments.wire.link import Link, LinkServer
 from deployments.wire.withdraw import Withdraw
-from tests.conftest import HANG_S, until
+from tests.conftest import arun as run
+from tests.conftest import until
 
 CONFIG = {"name": "sq", "transformer": "deployments.models:Square",
           "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
           "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]}
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 class Held:

@@ -16,7 +16,7 @@ from batching.dynamic.host import BatchHost, ReplicaDied
 from batching.errors import BatchTimedOut
 from batching.loop import ReplicaHung
 from batching.types import Request
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 
 class FakeReplica:
@@ -75,8 +75,6 @@ async def spin(turns: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def make_host(*replicas, max_batch_size=1, max_inflight=2, clock=None, **policy):

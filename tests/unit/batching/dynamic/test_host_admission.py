@@ -9,7 +9,8 @@ import pytest
 
 from batching import DeadlineExceeded, Overloaded, QueueFull, QueuePolicy
 from batching.types import Request
-from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
+from tests.conftest import arun as run
+from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, spin
 
 RATE_PER_S, BATCH, BATCH_S, TIMEOUT_S, SECONDS = 80, 4, 0.5, 2.0, 6
 

@@ -12,7 +12,8 @@ import pytest
 from batching import WorkerDied
 from batching.dynamic.host import ANSWER_GRACE_S
 from batching.errors import NoAnswerInTime, http_status
-from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin, submit
+from tests.conftest import arun as run
+from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, spin, submit
 
 
 def _with_latency(host, seconds: float) -> None:

@@ -23,8 +23,9 @@ from batching import (
 )
 from batching.dynamic import admission
 from batching.dynamic.admission import COLD_BATCH_S
+from tests.conftest import arun as run
 from tests.unit.batching.dynamic.test_admission import req
-from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
+from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, spin
 
 REAL_UNSEEN_S = admission.UNSEEN_S
 

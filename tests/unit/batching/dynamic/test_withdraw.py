@@ -12,7 +12,8 @@ import pytest
 from batching import Cancelled, DynamicBatcher, DynamicPolicy
 from batching.errors import InvalidRequest
 from batching.types import Part, Request, Rows
-from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, run, spin
+from tests.conftest import arun as run
+from tests.unit.batching.dynamic.test_host import Clock, FakeReplica, make_host, spin
 
 
 def batcher(max_batch_size=4, **policy) -> DynamicBatcher:

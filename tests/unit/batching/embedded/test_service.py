@@ -26,7 +26,8 @@ from batching import (
     VectorTransformer,
     WorkerDied,
 )
-from tests.conftest import HANG_S, until
+from tests.conftest import arun as run
+from tests.conftest import until
 
 
 class Square(VectorTransformer):
@@ -63,8 +64,6 @@ class BadSetup(VectorTransformer):
         raise RuntimeError("no weights here")
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def gated(policy=None, **kw):

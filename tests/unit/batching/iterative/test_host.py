@@ -25,7 +25,7 @@ from batching.iterative.host import DIED, Finished, IterativeHost, LocalStepClie
 from batching.iterative.policy import IterativePolicy
 from batching.iterative.scheduler import GenerateRequest, Join
 from batching.loop import ReplicaDied
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 
 class Spell(StepModel):
@@ -94,8 +94,6 @@ async def spin(turns: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def make_host(*replicas, clock=None, **policy):

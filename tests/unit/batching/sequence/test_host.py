@@ -27,7 +27,7 @@ from batching.sequence.host import SequenceHost
 from batching.sequence.policy import SequencePolicy
 from batching.sequence.stateful import SequenceBatchInput, StatefulTransformer, StateStore
 from deployments.models.stateful import GRU, Accumulator
-from tests.conftest import HANG_S
+from tests.conftest import arun as run
 
 
 class StoreReplica:
@@ -97,8 +97,6 @@ async def spin(turns: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def accumulator() -> Accumulator:

@@ -18,7 +18,8 @@ from deployments.grpc import GrpcIngress
 from deployments.grpc.generate import FINAL
 from deployments.ingress.placement import IngressPlacement
 from deployments.models import Square
-from tests.conftest import APP_CONFIG, HANG_S
+from tests.conftest import APP_CONFIG
+from tests.conftest import arun as run
 from tests.unit.deployments.grpc.test_generate import prompt, request, tensor
 from tests.unit.deployments.grpc.test_servicer import FakeBatcher, Served, servicer
 from tests.unit.deployments.test_placement import TINYLM, InProcessPool, spin
@@ -107,8 +108,6 @@ async def all_of(requests: Requests, models) -> list:
     return [read(r) async for r in Ingress(models).ModelStreamInfer(requests, None)]
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, HANG_S))
 
 
 def test_a_stream_gives_token_for_token_what_generate_answers_and_flags_the_last():
@@ -277,5 +276,5 @@ def test_one_stream_runs_at_most_max_in_flight_requests_at_once():
         answers = [await first] + [r async for r in out]
         return sorted(answers), most
 
-    answers, most = asyncio.run(asyncio.wait_for(main(), HANG_S))
+    answers, most = run(main())
     assert answers == list(range(200)) and most == MAX_IN_FLIGHT

@@ -25,7 +25,6 @@ from deployments.protocol import InferRequest, ModelSpec, TensorSpec
 from deployments.protocol.openai import ChatTemplate
 from deployments.protocol.wording import unknown_model, unknown_version
 from deployments.wire.generation import generate_request
-from tests.conftest import HANG_S
 
 SQUARE = ModelEntry("square", "1", ModelSpec(
     "square", inputs=[TensorSpec("INPUT0", "FP32", [-1])],
@@ -222,8 +221,6 @@ async def call(app: Any, method: str, path: str, body: Any = b"",
     return answer
 
 
-def run(coro: Any, timeout_s: float = HANG_S) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout_s))
 
 
 def infer_body(data: list, datatype: str = "FP32", shape: list | None = None,

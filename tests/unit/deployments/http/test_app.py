@@ -11,6 +11,7 @@ import tritonclient.http as httpclient
 
 from deployments.http import OipApp
 from deployments.protocol import INFER_HEADER_LENGTH
+from tests.conftest import arun as run
 from tests.unit.deployments.http.fakes import (
     FOREVER,
     NEVER_ENDS,
@@ -18,7 +19,6 @@ from tests.unit.deployments.http.fakes import (
     call,
     infer_body,
     make_app,
-    run,
 )
 from tests.unit.deployments.protocol.oip_cases import decode, triton_body
 

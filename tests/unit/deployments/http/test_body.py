@@ -11,7 +11,7 @@ import pytest
 from deployments.http.oip.body import read_body
 from deployments.http.oip.errors import BodyTimeout, ClientGone
 from deployments.protocol import PayloadTooLarge
-from tests.unit.deployments.http.fakes import run
+from tests.conftest import arun as run
 
 
 class Feed:

@@ -22,8 +22,8 @@ import time
 import pytest
 
 from deployments.http.native.front import available
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
 pytestmark = pytest.mark.skipif(not available(), reason="the native front is not compiled "

@@ -14,7 +14,7 @@ import hashlib
 import pytest
 
 from deployments.http.native.front import FrontServer, available
-from tests.unit.deployments.http.fakes import run
+from tests.conftest import arun as run
 from tests.unit.deployments.http.served import Served, read_response, request
 from tests.unit.deployments.http.test_front import binary
 from tests.unit.deployments.http.test_front_requests import both_servers, chunked, until

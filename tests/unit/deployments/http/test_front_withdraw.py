@@ -22,8 +22,9 @@ from deployments.http.native.departures import outputs_of, rows_left
 from deployments.http.native.front import FrontServer, available
 from deployments.ingress.placement import LocalEngine
 from deployments.ingress.route import ModelRoute
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import FakeBackend, run
+from tests.unit.deployments.http.fakes import FakeBackend
 from tests.unit.deployments.http.served import read_response
 from tests.unit.deployments.http.test_front import binary
 from tests.unit.deployments.http.test_front_safety import reset

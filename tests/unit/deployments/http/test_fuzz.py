@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import collections
 
-from tests.unit.deployments.http.fakes import call, infer_body, make_app, run
+from tests.conftest import arun as run
+from tests.unit.deployments.http.fakes import call, infer_body, make_app
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check
 
 TARGET = Target(infer_model="square", generate_model="words", max_body_bytes=65536)

@@ -16,8 +16,8 @@ import pytest
 from deployments.http.native import blocks
 from deployments.http.native.front import available
 from deployments.http.native.gather import Gather
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import run
 from tests.unit.deployments.http.served import Served, read_response
 from tests.unit.deployments.http.test_front import _learnt, binary
 

@@ -7,7 +7,8 @@ import pytest
 from starlette.middleware import Middleware
 
 from deployments.http.oip import fastpath as fast
-from tests.unit.deployments.http.fakes import call, make_app, run
+from tests.conftest import arun as run
+from tests.unit.deployments.http.fakes import call, make_app
 
 
 async def inner(scope, receive, send):

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from tests.unit.deployments.http.fakes import call, make_app, run
+from tests.conftest import arun as run
+from tests.unit.deployments.http.fakes import call, make_app
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 

@@ -15,8 +15,9 @@ import pytest
 from deployments.http.pyserver.cycle import READ_BUFFER_BYTES
 from deployments.http.pyserver.portclaim import claim_port
 from deployments.http.pyserver.server import HttpServer
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import infer_body, make_app, run
+from tests.unit.deployments.http.fakes import infer_body, make_app
 from tests.unit.deployments.http.fuzz_cases import Target, cases, check
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 

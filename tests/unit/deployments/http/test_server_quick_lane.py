@@ -7,8 +7,9 @@ import asyncio
 import socket
 import struct
 
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import infer_body, run
+from tests.unit.deployments.http.fakes import infer_body
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tests.unit.deployments.http.fakes import call, make_app, run
+from tests.conftest import arun as run
+from tests.unit.deployments.http.fakes import call, make_app
 
 STREAM = "/v2/models/words/generate_stream"
 

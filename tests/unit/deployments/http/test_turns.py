@@ -13,8 +13,9 @@ import pytest
 
 from deployments.http.pyserver.connection import Connection
 from deployments.http.pyserver.cycle import READ_BUFFER_BYTES
+from tests.conftest import arun as run
 from tests.conftest import until
-from tests.unit.deployments.http.fakes import infer_body, run
+from tests.unit.deployments.http.fakes import infer_body
 from tests.unit.deployments.http.served import INFER, Served, read_response, request
 
 
