@@ -1,8 +1,11 @@
 """A local `raybatch up` as a user runs it, in a process of its own: it starts without a
-warning and says where it serves; Ctrl-C stops it cleanly (exit 0, having deleted the app),
-a second Ctrl-C stops it at once (exit 130), a request held past `ingress.stop_timeout_s`
-is given up on (exit 130, saying so); a killed one leaves nothing that stops the next from
-serving, and `raybatch down` ends what it left.
+warning and says where it serves; Ctrl-C stops it cleanly (exit 0, having deleted the app,
+once the request in flight is answered), a second Ctrl-C stops it at once (exit 130), a
+request held past `ingress.stop_timeout_s` is given up on (exit 130, saying so); a killed
+one leaves nothing that stops the next from serving, and `raybatch down` stops a running
+one as Ctrl-C does (what it does with a dead run's leftovers: tests/unit/raybatch/test_runs.py).
+Each test is one `up` (each starts a local Ray, the costliest thing here), so one `up`
+shows as much as it can.
 
 Every check is of what happened, in what order, never of how long it took: how soon each
 stop ends is `python -m benchmarks.serve.reliability_times stop`'s (its targets: an idle
@@ -167,19 +170,25 @@ def until_gone(processes: Callable[[], list], what: str = "the run's processes")
         time.sleep(0.2)
 
 
-def patient_config(tmp_path: Path) -> Path:
-    """CONFIG with `ingress.stop_timeout_s` at HANG_S: a clean stop never gives up."""
+def patient_config(tmp_path: Path, gate: Path | None = None) -> Path:
+    """CONFIG with `ingress.stop_timeout_s` at HANG_S: a clean stop never gives up; with
+    `gate`, a third model, `gated`, holds its batches while that file exists."""
     import yaml
 
     data = yaml.safe_load(CONFIG.read_text())
     data["ingress"]["stop_timeout_s"] = HANG_S
+    if gate is not None:
+        data["models"].append(gated_model(gate, "gated"))
     path = tmp_path / "small.yaml"
     path.write_text(json.dumps(data))
     return path
 
 
-def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_leaves_nothing(world, tmp_path):
-    up = start(world, patient_config(tmp_path))
+def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_lets_a_request_finish(world,
+                                                                                  tmp_path):
+    gate = tmp_path / "gate"
+    gate.touch()
+    up = start(world, patient_config(tmp_path, gate))
     up.wait_for(READY)
     started = up.text()
     # A clean start: no warning that is not a real problem, Ray's included.
@@ -190,17 +199,24 @@ def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_leaves_nothing(world,
     assert f"Raybatch is serving at {base}\n" in started, started
     assert f"square     {base}/v2/models/square/infer" in started, started
     up.answers()
-    time.sleep(1)  # the lines printed after the welcome
     from raybatch import runs
 
     [run] = runs.runs()
     assert runs.processes_of(run.run_id), "the run's processes carry its id"
+    request = in_flight(up, "gated")  # at the closed gate
     t0 = time.monotonic()
     up.ctrl_c()
+    up.wait_for("still stopping after")  # it says what it is waiting for
+    print(up.out[-1])
+    assert "finishing its requests in flight" in up.out[-1], up.out[-1]
+    gate.unlink()
     assert up.exit_code() == 0, up.text()[-3000:]  # a clean stop, not a given-up one
     print(f"Ctrl-C to exit: {time.monotonic() - t0:.1f} s")
-    text = up.text()
-    assert "stopping: deleting the app" in text and "gave up" not in text, text[-3000:]
+    request["thread"].join(timeout=HANG_S)
+    assert request.get("out", {}).get("outputs", [{}])[0].get("data") == [4.0], request
+    text = up.text()  # it waited for the request, and did not give up on it
+    assert text.index("stopping: deleting the app") < text.index("still stopping after")
+    assert "gave up" not in text, text[-3000:]
     assert not runs.processes_of(run.run_id), "nothing of the run outlives it"
     assert not runs.runs(), "a run that ended is forgotten"
 
@@ -232,7 +248,7 @@ time.sleep(600)
 """
 
 
-def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
+def test_a_killed_up_is_cleaned_by_the_next_one_which_raybatch_down_stops(world, tmp_path):
     from raybatch import runs
 
     env, _, _ = world
@@ -253,7 +269,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
     threading.Thread(target=holder.wait, daemon=True).start()
     try:
         assert holder.stdout.readline().strip() == "holding"
-        second = start(world)
+        second = start(world, patient_config(tmp_path))
         second.wait_for(READY)
         assert "ended what a previous `raybatch up` left behind" in second.text(), \
             second.text()[-3000:]
@@ -265,17 +281,18 @@ def test_a_killed_up_is_cleaned_by_the_next_one_and_by_raybatch_down(world):
             holder.kill()
         holder.wait()
 
-    os.kill(second.proc.pid, signal.SIGKILL)
-    second.proc.wait()
-    time.sleep(2)
-    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=HANG_S)
+    # down's --timeout (past it, it kills the up) at HANG_S: the stop under test is the
+    # clean one, whatever the machine's speed (down on a dead run's leftovers: test_runs.py)
+    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down", "--timeout",
+                           str(HANG_S)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=2 * HANG_S)
     assert down.returncode == 0, down.stderr
-    # what was left is ended ("ending <process>"), unless it ended on its own meanwhile
-    # (Ray's workers do once their raylet is gone): either way the run is over and nothing
-    # of it is left
-    assert "1 run(s) ended" in down.stdout, down.stdout
-    assert not left_behind() and not runs.runs()
+    assert "killing it" not in down.stdout, down.stdout
+    assert f"stopping the running `raybatch up` (pid {second.proc.pid})" in down.stdout
+    assert "raybatch down: 1 run(s) ended" in down.stdout, down.stdout
+    assert second.exit_code() == 0, second.text()[-3000:]
+    until_gone(left_behind)
+    assert not runs.runs()
 
 
 def test_a_port_held_by_another_process_is_refused_with_its_pid_and_the_command(world):
@@ -300,28 +317,33 @@ def test_ctrl_c_while_ray_starts_stops_it_cleanly(world):
     until_gone(left_behind)
 
 
+def gated_model(gate: Path, name: str = "square") -> dict:
+    """A model that holds its batches while `gate` exists (x + 1 once it opens)."""
+    return {"name": name, "transformer": "tests.models:Gated",
+            "init_kwargs": {"gate_path": str(gate)},
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
+            "replicas": {"num_cpus": 0.1}, "warmup": {"enabled": False}}
+
+
 def gated_config(tmp_path: Path, gate: Path, stop_timeout_s: float) -> Path:
     path = tmp_path / "gated.yaml"
     path.write_text(json.dumps({
         "app_name": "raybatch-gated",
         "ingress": {"num_cpus": 0.1, "route_prefix": "/small",
                     "stop_timeout_s": stop_timeout_s},
-        "models": [{"name": "square", "transformer": "tests.models:Gated",
-                    "init_kwargs": {"gate_path": str(gate)},
-                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1]}],
-                    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}],
-                    "replicas": {"num_cpus": 0.1}, "warmup": {"enabled": False}}]}))
+        "models": [gated_model(gate)]}))
     return path
 
 
-def in_flight(up: Up) -> dict:
+def in_flight(up: Up, model: str = "square") -> dict:
     """A request sent on a thread, returned once the model holds it at its closed gate
     (sent to the model, not answered); `result` gets its answer or its error."""
     result: dict = {}
 
     def send() -> None:
         try:
-            result["out"] = up.infer("/small", "square", {
+            result["out"] = up.infer("/small", model, {
                 "name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [3.0]})
         except Exception as e:  # what the client saw, asserted by the caller
             result["error"] = e
@@ -330,31 +352,12 @@ def in_flight(up: Up) -> dict:
     thread.start()
     result["thread"] = thread
     give_up = time.monotonic() + HANG_S
-    while not ((s := up.model_stats("/small", "square"))["queue"]["count"] == 1
+    while not ((s := up.model_stats("/small", model))["queue"]["count"] == 1
                and s["success"]["count"] == 0):
         assert thread.is_alive(), result
         assert time.monotonic() < give_up, f"the request never reached the model: {s}"
         time.sleep(0.1)
     return result
-
-
-def test_ctrl_c_lets_a_request_in_flight_finish_saying_what_it_waits_for(world, tmp_path):
-    gate = tmp_path / "gate"
-    gate.touch()
-    up = start(world, gated_config(tmp_path, gate, stop_timeout_s=HANG_S))
-    up.wait_for(READY)
-    request = in_flight(up)  # at the closed gate
-    up.ctrl_c()
-    up.wait_for("still stopping after")  # it says what it is waiting for
-    print(up.out[-1])
-    assert "finishing its requests in flight" in up.out[-1], up.out[-1]
-    gate.unlink()
-    assert up.exit_code() == 0, up.text()[-3000:]
-    request["thread"].join(timeout=HANG_S)
-    assert request.get("out", {}).get("outputs", [{}])[0].get("data") == [4.0], request
-    text = up.text()  # it waited for the request, and did not give up on it
-    assert text.index("stopping: deleting the app") < text.index("still stopping after")
-    assert "gave up" not in text, text[-3000:]
 
 
 def test_a_request_in_flight_past_the_bound_is_given_up_on(world, tmp_path):
@@ -372,20 +375,4 @@ def test_a_request_in_flight_past_the_bound_is_given_up_on(world, tmp_path):
         text.index("gave up after 4 s (ingress.stop_timeout_s)"), text[-3000:]
     request["thread"].join(timeout=HANG_S)
     assert "error" in request and "out" not in request, request  # the request failed
-    until_gone(left_behind)
-
-
-def test_raybatch_down_stops_a_running_up(world, tmp_path):
-    env, _, _ = world
-    up = start(world, patient_config(tmp_path))
-    up.wait_for(READY)
-    # down's --timeout (past it, it kills the up) at HANG_S too: the stop under test is
-    # the clean one, whatever the machine's speed
-    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down", "--timeout",
-                           str(HANG_S)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=2 * HANG_S)
-    assert down.returncode == 0, down.stderr
-    assert "killing it" not in down.stdout, down.stdout
-    assert f"stopping the running `raybatch up` (pid {up.proc.pid})" in down.stdout
-    assert up.exit_code() == 0, up.text()[-3000:]
     until_gone(left_behind)

@@ -1,6 +1,7 @@
 """A run's processes are found by the id in their environment and ended, including one
 started between the scan and the kill (a second Ctrl-C while Serve deployed left its
-HAProxy behind, with no record left to find it by). Real processes, this user's only."""
+HAProxy behind, with no record left to find it by), and `raybatch down` ends a dead run's.
+Real processes, this user's only."""
 
 from __future__ import annotations
 
@@ -49,5 +50,31 @@ def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkey
         assert other.poll() is None  # another run's process is left alone
     finally:
         for p in (first, other, *late):
+            p.kill()
+            p.wait()
+
+
+def test_down_ends_what_a_dead_run_left_and_forgets_it(tmp_path, monkeypatch, capsys):
+    """A run whose `up` is gone (its pid ended) but whose process lives on (as Serve's
+    HAProxy outlives a killed `up`): `raybatch down` ends that process, names it, and
+    forgets the run; a process of no recorded run is left alone."""
+    monkeypatch.setenv(runs.STATE_DIR_ENV, str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = runs.Run(uuid.uuid4().hex, gone.pid, 0.0)  # no live process has this start time
+    dead.save()
+    left = _carrying_the_id(_start(dead.run_id), dead.run_id, runs.processes_of)
+    other = _start(uuid.uuid4().hex)
+    try:
+        assert not dead.alive()
+        assert runs.down(object()) == 0
+        assert left.wait(timeout=30) is not None
+        said = capsys.readouterr().out
+        assert f"  ending {os.path.basename(sys.executable)} (pid {left.pid})" in said, said
+        assert "raybatch down: 1 run(s) ended" in said, said
+        assert runs.runs() == [] and runs.processes_of(dead.run_id) == []
+        assert other.poll() is None
+    finally:
+        for p in (left, other):
             p.kill()
             p.wait()
