@@ -15,20 +15,24 @@ JUPYTER_STAMP := $(VENV)/.jupyter-stamp
 # running as root with apt-get (CI); elsewhere those tests skip and say how to install.
 SYSDEPS := prometheus wrk
 
-# An existing venv is kept (`python -m venv` again would only reinstall pip, 3 s, before the
-# upgrade below); the installs run again whenever a file named here changes.
+# An existing venv is kept (`python -m venv` again would only reinstall pip, 3 s); the
+# installs run again whenever a file named here changes.
 $(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/native/_front.c deployments/http/native/llhttp/llhttp.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	@# The rest with uv when it can be had (parallel downloads, unpacking and compiling),
-	@# else with pip; torch stays pip's (its CPU wheel). Compiled to bytecode here as pip
-	@# does: where PYTHONDONTWRITEBYTECODE is set, a process would otherwise parse every
-	@# module it imports (a Ray worker starts in twice the time)
+	@# Everything, torch included, in one uv call when uv can be had (parallel downloads,
+	@# unpacking and compiling: half pip's time), reading pip's find-links (where this
+	@# machine keeps torch's CPU wheel: $$PIP_FIND_LINKS, else pip's config), as pip would;
+	@# else pip, torch first. Compiled to bytecode here as pip does: where
+	@# PYTHONDONTWRITEBYTECODE is set, a process would otherwise parse every module it
+	@# imports (a Ray worker starts in twice the time)
 	if $(BIN)/python -m pip install -q uv==0.13.9; then \
-	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt \
-	    -e ".[dev,embeddings,notebooks,docs]"; \
-	else $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"; fi
+	  links=""; for l in $${PIP_FIND_LINKS:-$$($(BIN)/python -m pip config get global.find-links \
+	    2>/dev/null)}; do links="$$links --find-links $$l"; done; \
+	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $$links \
+	    -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"; \
+	else $(BIN)/python -m pip install -q --upgrade pip && \
+	  $(BIN)/python -m pip install -q torch==2.13.0 && \
+	  $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"; fi
 	$(BIN)/python -m deployments.models.weightcache
 	touch $(STAMP)
 
