@@ -50,8 +50,7 @@ def kind(cmdline: str) -> str:
     return "other"
 
 
-def _title(p: psutil.Process) -> str:
-    cmd = " ".join(p.cmdline())
+def _title(cmd: str, p: psutil.Process) -> str:
     if cmd.startswith("ray::"):  # an actor's or task's name, not its arguments
         return re.split(r"[ (]", cmd, maxsplit=1)[0][:70]
     return cmd[:70] or f"[{p.name()}]"
@@ -66,16 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give the command to run after --")
     # a process is its pid and start time (a pid is reused); CPU it had before we began,
     # not counted
-    seen: dict[tuple[int, float], float] = {k: cpu for k, cpu, _ in _processes()}
+    seen: dict[tuple[int, float], float] = {k: cpu for k, cpu, _, _ in _processes()}
     by_kind: collections.Counter[str] = collections.Counter()
     by_title: collections.Counter[str] = collections.Counter()
     done = threading.Event()
 
     def take() -> None:
-        for key, used, title in _processes():
+        for key, used, title, what in _processes():
             delta, seen[key] = used - seen.get(key, 0.0), used
             if delta > 0 and key[0] != os.getpid():
-                by_kind[kind(title)] += delta
+                by_kind[what] += delta
                 by_title[title] += delta
 
     def sample() -> None:
@@ -98,13 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _processes() -> list[tuple[tuple[int, float], float, str]]:
-    """(pid and start time, CPU seconds so far, title) of every process still there."""
+def _processes() -> list[tuple[tuple[int, float], float, str, str]]:
+    """(pid and start time, CPU seconds so far, title, kind) of every process still there;
+    the kind from the whole command line (a title is cut short: a Ray worker's path to
+    default_worker.py is longer than one)."""
     out = []
     for p in psutil.process_iter():
         try:
             t = p.cpu_times()
-            out.append(((p.pid, p.create_time()), t.user + t.system, _title(p)))
+            cmd = " ".join(p.cmdline())
+            out.append(((p.pid, p.create_time()), t.user + t.system, _title(cmd, p), kind(cmd)))
         except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
             continue
     return out

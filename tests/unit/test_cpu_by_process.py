@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
-from tests.cpu_by_process import kind, main
+from tests.cpu_by_process import _processes, kind, main
 
 VENV = "/repo/.venv/lib/python3.11/site-packages/ray"
 
@@ -44,3 +45,16 @@ def test_it_runs_the_command_and_returns_its_exit_status(capsys):
 def test_no_command_is_refused():
     with pytest.raises(SystemExit):
         main(["--"])
+
+
+def test_a_process_is_charged_by_its_whole_command_line_not_its_shortened_title():
+    """A Ray worker's command line names default_worker.py after a long path: past the
+    shortened title shown in the list, still its kind."""
+    long_path = "/x" * 60 + "/ray/_private/workers/default_worker.py"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", long_path])
+    try:
+        [(title, what)] = [(t, k) for (pid, _), _, t, k in _processes() if pid == proc.pid]
+        assert "default_worker.py" not in title and what == "Ray worker start-up"
+    finally:
+        proc.kill()
+        proc.wait()
