@@ -28,11 +28,10 @@ import pytest
 
 from cluster.ports import free_port
 from cluster.rayauth import Reply, generate_token, probe_gcs
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 
-HANG_S = 120.0  # a start, a command or a stop not done by then hangs (never a speed bound)
 AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
 CONFIG = """\
 app_name: raybatch-auth

@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cluster.lab import HEAD_IP, HEAD_RAY_TMP, Lab, leftovers
-from tests.conftest import ROOT
+from tests.conftest import HANG_S, ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_ray]
-HANG_S = 120.0  # a process or probe not done by then hangs (never a speed bound)
 
 ECHO_PORT = 7000  # in a host's own network namespace: free whatever the machine runs
 # Greets each connection with "<its local address> <its peer's address>", then echoes.

@@ -22,12 +22,10 @@ import pytest
 
 from cluster.config import ModelConfig
 from deployments.replica.pool import ReplicaPool
-from tests.conftest import arun, until
+from tests.conftest import HANG_S, arun, until
 from tests.models import READ_AT, Marked, ReadWhileRunning
 
 pytestmark = pytest.mark.integration
-
-HANG_S = 120.0  # no batch started, read or answered by then: it hangs
 
 
 class Noted(Marked):

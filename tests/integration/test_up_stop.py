@@ -36,13 +36,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, ROOT, free_port
+from tests.conftest import CONFIGS, HANG_S, ROOT, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 
 CONFIG = CONFIGS / "small.yaml"
 READY = "Stop with Ctrl-C."
-HANG_S = 120.0  # a stop, an exit or a cleanup not done by then hangs (never a speed bound)
 
 
 class Up:

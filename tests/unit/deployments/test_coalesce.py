@@ -49,8 +49,6 @@ async def spin(turns: int = 5) -> None:
         await asyncio.sleep(0)
 
 
-
-
 def test_one_tick_is_one_bundle_and_each_request_gets_its_own_answer():
     async def main():
         actor = FakeActor()

@@ -52,8 +52,6 @@ class FakeBatcher:
         self.attach, self.detach = _Call(attach), _Call(detach)
 
 
-
-
 def test_the_last_live_replica_to_detach_is_told_none_is_left():
     async def main():
         a = Attachments(ping_timeout_s=0.05)

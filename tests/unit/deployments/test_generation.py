@@ -72,8 +72,6 @@ async def _setup(**policy):
     return host, actor, GenerateMux(lambda: actor)
 
 
-
-
 def test_concurrent_streams_get_their_own_text_with_one_poll_per_step_not_per_stream():
     prompts = [("abc" * (i + 1), 5 + 3 * i) for i in range(8)]
 

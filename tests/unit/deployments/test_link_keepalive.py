@@ -32,8 +32,6 @@ from tests.conftest import until
 K = Keepalive(ping_s=0.5, dead_s=2.0)
 
 
-
-
 # -- the heartbeat alone ----------------------------------------------------------------
 def test_a_peer_that_stops_answering_is_lost_after_dead_s_of_silence_with_a_call_open():
     hb = Heartbeat(K, now=0.0)
@@ -344,7 +342,6 @@ def test_a_replica_busy_with_a_long_batch_still_answers_pings():
         return answer
 
     assert run(main()) == [2, 4]
-
 
 
 def test_a_replicas_call_thread_reads_each_call_and_writes_its_answer():

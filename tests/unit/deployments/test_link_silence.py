@@ -25,8 +25,6 @@ from tests.unit.deployments.test_link_keepalive import Clock, FakeTransport
 K = Keepalive(ping_s=0.5, dead_s=2.0)
 
 
-
-
 class SocketTransport(FakeTransport):
     """A fake transport whose socket is real: what the caller has not read yet is in it."""
 

@@ -90,8 +90,6 @@ def backend(model: dict, **changes) -> IngressPlacement:
     return IngressPlacement(config, None, 1, make_pool=InProcessPool)
 
 
-
-
 async def spin(turns: int = 50) -> None:
     for _ in range(turns):
         await asyncio.sleep(0)

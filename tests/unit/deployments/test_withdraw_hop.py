@@ -30,8 +30,6 @@ CONFIG = {"name": "sq", "transformer": "deployments.models:Square",
           "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1]}]}
 
 
-
-
 class Held:
     """The replica: squares a batch once `go` is set; keeps each batch's rows."""
 

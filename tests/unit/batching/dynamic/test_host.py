@@ -75,8 +75,6 @@ async def spin(turns: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-
-
 def make_host(*replicas, max_batch_size=1, max_inflight=2, clock=None, **policy):
     died: list[str] = []
     host = BatchHost(DynamicPolicy(max_batch_size=max_batch_size, **policy),

@@ -64,8 +64,6 @@ class BadSetup(VectorTransformer):
         raise RuntimeError("no weights here")
 
 
-
-
 def gated(policy=None, **kw):
     gate, seen = threading.Event(), []
     svc = BatchedService(Gated, policy or DynamicPolicy(max_batch_size=8), executor="thread",

@@ -94,8 +94,6 @@ async def spin(turns: int = 10) -> None:
         await asyncio.sleep(0)
 
 
-
-
 def make_host(*replicas, clock=None, **policy):
     died: list[str] = []
     host = IterativeHost(IterativePolicy(**policy), clock=clock or Clock(),

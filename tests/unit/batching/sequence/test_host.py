@@ -97,8 +97,6 @@ async def spin(turns: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-
-
 def accumulator() -> Accumulator:
     return Accumulator()
 

@@ -108,8 +108,6 @@ async def all_of(requests: Requests, models) -> list:
     return [read(r) async for r in Ingress(models).ModelStreamInfer(requests, None)]
 
 
-
-
 def test_a_stream_gives_token_for_token_what_generate_answers_and_flags_the_last():
     async def main():
         backend, served = lm()

@@ -221,8 +221,6 @@ async def call(app: Any, method: str, path: str, body: Any = b"",
     return answer
 
 
-
-
 def infer_body(data: list, datatype: str = "FP32", shape: list | None = None,
                **extra: Any) -> bytes:
     doc = {"inputs": [{"name": "INPUT0", "datatype": datatype,

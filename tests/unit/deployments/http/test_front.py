@@ -361,7 +361,6 @@ def test_the_python_server_sees_each_clients_address():
     assert seen == [(("127.0.0.1", port), ("127.0.0.1", server_port))]
 
 
-
 def test_requests_past_max_inflight_get_503_as_from_the_python_server():
     async def main():
         async with Served(front=True, max_inflight_requests=4) as s:
