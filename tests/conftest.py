@@ -24,6 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "configs"
 APP_CONFIG = CONFIGS / "app.yaml"
 
+# Every Ray the tests start (the session's, each `raybatch up`, the labs' hosts, the
+# notebooks') inherits these:
+# - Ray's log monitor lists its node's log directory for new files every 5 s instead of
+#   10 times a second (under 1,000 files it lists them on every pass of its 0.1 s loop; a
+#   session's directory holds a few hundred), still tailing the files it has every 0.1 s.
+#   Where logs reach a driver, a new worker's first lines may come up to 5 s later; no
+#   test reads them sooner.
+# - Ray's workers (every actor: replicas, batching actors, Serve's) run at the tests'
+#   own priority, not Ray's default nice 15: on a machine where other work takes a core,
+#   a nice-15 worker gets a few percent of it beside a nice-0 process, and the tests
+#   that wait on workers wait for a core.
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "5")
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Ray Serve's own pydantic models use deprecated Field arguments: not ours to fix.
@@ -114,7 +129,7 @@ def ray_address():
     try:
         # Logical CPUs for reservations (the shared app holds ~3.1; other tests deploy apps
         # beside it): fractional num_cpus, not the machine's cores.
-        ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False,
                  _metrics_export_port=METRICS_PORT,
                  _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
     finally:
