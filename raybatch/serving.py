@@ -6,7 +6,10 @@ nodes, is in `raybatch.join`).
 request, and runs until Ctrl-C; then it deletes the app, which stops every
 batching and replica actor. A local Ray it starts advertises this machine's
 `numa<N>` resources and labels (`cluster.raynode`), so replicas pin themselves;
-`raybatch join` starts `ray start` on another machine with its own. `status` asks the
+`raybatch join` starts `ray start` on another machine with its own. Without `--address`
+the local Ray is always a new one of its own (`ray.init(address="local")`), never a
+cluster that `ray.init` would find by itself ($RAY_ADDRESS, or one that `ray start`
+recorded on this machine): joining one takes `--address`. `status` asks the
 running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
 queue depth and batch statistics.
 """
@@ -52,6 +55,22 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
 LOCAL_DRAIN_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 """Serve's draining period of an ingress replica that serves HTTP itself (direct ingress):
 it keeps answering this long after it is asked to stop, for a load balancer to notice."""
+
+
+def local_or(address: str | None) -> str:
+    """What `up` hands `ray.init`: `address`, or "local" (a new local Ray) where none was
+    given. Left as None, Ray would join $RAY_ADDRESS or a cluster `ray start` recorded on
+    this machine instead, and refuse the local node's resources with a traceback. A set
+    $RAY_ADDRESS is said to be passed over (and taken out of this process's environment,
+    which the local Ray's processes inherit)."""
+    if address:
+        return address
+    other = os.environ.pop("RAY_ADDRESS", "")
+    if other:
+        print(f"note: RAY_ADDRESS is set ({other}), but without --address `raybatch up` "
+              f"starts a local Ray of its own; to deploy to that cluster: raybatch up "
+              f"--address {other}", flush=True)
+    return "local"
 
 
 def up(args: argparse.Namespace) -> int:
@@ -100,8 +119,8 @@ def up(args: argparse.Namespace) -> int:
         print("note: Serve's mode on an existing cluster is its nodes' environment; start "
               "them with `raybatch join`, or with " + " ".join(f"{k}={v}" for k, v in env.items()),
               flush=True)
-    options = dict(address=args.address, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                   include_dashboard=False, **node)
+    options = dict(address=local_or(args.address), num_cpus=args.num_cpus,
+                   num_gpus=args.num_gpus, include_dashboard=False, **node)
     try:
         if local:
             start_local_ray(ray.init, stopper, **options)

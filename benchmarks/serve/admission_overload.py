@@ -280,7 +280,7 @@ def deploy(config_path: Path, models: set[str]) -> tuple[Any, Any]:
     os.environ.update(FAST_PATH_ENV)
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "0")
     os.chdir(ROOT)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()},
                 grpc_options=grpc_options(free_port()))
     data = yaml.safe_load(config_path.read_text())

@@ -380,7 +380,7 @@ def run_transport(transport: str, args: argparse.Namespace) -> list[dict[str, An
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     started = datetime.now(timezone.utc)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
     rows: list[dict[str, Any]] = []
     try:

@@ -83,7 +83,7 @@ def local_ray() -> Iterator[int]:
     os.environ.update(FAST_PATH_ENV)
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "0")
     os.chdir(ROOT)  # workers import tests.* from the driver's directory
-    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:

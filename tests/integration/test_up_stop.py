@@ -187,9 +187,13 @@ def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_lets_a_request_finish
                                                                                   tmp_path):
     gate = tmp_path / "gate"
     gate.touch()
+    # Another cluster named in the environment (as `ray.init` leaves it for its children)
+    # is not joined without --address: the run says so, and starts its own local Ray.
+    world[0]["RAY_ADDRESS"] = "127.0.0.1:1"
     up = start(world, patient_config(tmp_path, gate))
     up.wait_for(READY)
     started = up.text()
+    assert "note: RAY_ADDRESS is set (127.0.0.1:1), but without --address" in started, started
     # A clean start: no warning that is not a real problem, Ray's included.
     warnings = [line for line in started.splitlines()
                 if re.search(r"\bWARN(ING)?\b|not placed", line)]

@@ -209,3 +209,23 @@ def test_the_route_is_probed_where_the_server_listens():
 
     assert reachable("0.0.0.0") == reachable("::") == reachable("") == "127.0.0.1"
     assert reachable("10.1.2.3") == "10.1.2.3" and reachable("fe80::1") == "[fe80::1]"
+
+
+def test_up_without_an_address_starts_its_own_ray_whatever_ray_address_says(monkeypatch,
+                                                                            capsys):
+    import os
+
+    from raybatch.serving import local_or
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert local_or(None) == "local" and capsys.readouterr().out == ""
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    assert local_or("") == "local"
+    assert "RAY_ADDRESS" not in os.environ  # the local Ray's processes do not inherit it
+    assert capsys.readouterr().out == (
+        "note: RAY_ADDRESS is set (10.0.0.7:6379), but without --address `raybatch up` "
+        "starts a local Ray of its own; to deploy to that cluster: raybatch up --address "
+        "10.0.0.7:6379\n")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    assert local_or("head:6379") == "head:6379" and os.environ["RAY_ADDRESS"] == "10.0.0.7:6379"
+    assert capsys.readouterr().out == ""
