@@ -38,7 +38,7 @@ front_tests=$(bash tests/sanitize.sh --list)
 # queue: the longest first), a label, its kind (own: own-Ray tests; unit) and its paths.
 own=$(grep -l "pytest.mark.own_ray" tests/integration/test_*.py tests/e2e/test_*.py)
 # shellcheck disable=SC2086
-lab=$(grep -l "benchmarks.cluster" $own | tr '\n' ' ')
+lab=$(grep -l "benchmarks.cluster.lab" $own | tr '\n' ' ')
 expected() {  # measured on the quiet 2-core box; a file not named here: 30
   case "$1" in
     lab) echo 160 ;; *test_up_stop.py) echo 100 ;; *test_multinode.py) echo 45 ;;
@@ -65,13 +65,10 @@ drain() {  # $1: the lane; runs the queue's items until none is left; 0 if all p
   local rc=0 item label kind paths
   while item=$(next_item) && [ -n "$item" ]; do
     IFS=$'\t' read -r label kind paths <<<"$item"
-    if [ "$kind" = own ]; then
-      # shellcheck disable=SC2086
-      "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "own_ray and not soak" $paths
-    else
-      # shellcheck disable=SC2086
-      "$PY" -m pytest -q -p no:cacheprovider --durations=5 $paths
-    fi || rc=1
+    local how=(--durations=5)
+    [ "$kind" = own ] && how=(--durations=15 -m "own_ray and not soak")
+    # shellcheck disable=SC2086
+    "$PY" -m pytest -q -p no:cacheprovider "${how[@]}" $paths || rc=1
     took "$label (lane $1)"
   done
   return $rc
