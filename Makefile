@@ -22,17 +22,19 @@ $(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast
 	@# Everything, torch included, in one uv call when uv can be had (parallel downloads,
 	@# unpacking and compiling: half pip's time), reading pip's find-links (where this
 	@# machine keeps torch's CPU wheel: $$PIP_FIND_LINKS, else pip's config), as pip would;
-	@# else pip, torch first. Compiled to bytecode here as pip does: where
-	@# PYTHONDONTWRITEBYTECODE is set, a process would otherwise parse every module it
-	@# imports (a Ray worker starts in twice the time)
+	@# else pip, torch first. Then what the running product imports is compiled to bytecode
+	@# (raybatch.bytecode: the runtime's distributions and the project's packages, not the
+	@# extras): where PYTHONDONTWRITEBYTECODE is set, a process would otherwise parse every
+	@# module it imports (a Ray worker starts in twice the time)
 	if $(BIN)/python -m pip install -q uv==0.13.9; then \
 	  links=""; for l in $${PIP_FIND_LINKS:-$$($(BIN)/python -m pip config get global.find-links \
 	    2>/dev/null)}; do links="$$links --find-links $$l"; done; \
-	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $$links \
+	  $(BIN)/uv pip install -q --python $(BIN)/python $$links \
 	    -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"; \
 	else $(BIN)/python -m pip install -q --upgrade pip && \
 	  $(BIN)/python -m pip install -q torch==2.13.0 && \
 	  $(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,embeddings,notebooks,docs]"; fi
+	$(BIN)/python -m raybatch.bytecode
 	$(BIN)/python -m deployments.models.weightcache
 	touch $(STAMP)
 

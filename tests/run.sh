@@ -22,6 +22,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+# Setup compiles only what the running product imports (raybatch.bytecode); pytest, the
+# test extras and the notebooks' modules compile on first import and are kept, wherever
+# the environment says not to write bytecode (else each of the suite's processes parses them).
+unset PYTHONDONTWRITEBYTECODE
 if [ "${RAYBATCH_TEST_LANES:-2}" = 1 ]; then
   "$PY" -m pytest -q && "$PY" -m pytest -q --nbmake notebooks
   exit $?
