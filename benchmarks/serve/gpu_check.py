@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -201,12 +202,10 @@ def histogram(by_size: Counter) -> str:
                     for low in sorted(buckets))
 
 
-def cpu_stand_in(config_path: Path, names: list[str]) -> Path:
+def cpu_stand_in(config_path: Path, names: list[str], folder: Path) -> Path:
     """The config with only the models checked, on the CPU: `num_gpus` 0, one pinned core
     a replica, and the placement a GPU model gets by default (one batching actor), so the
-    same path runs on a small machine without a GPU."""
-    import tempfile
-
+    same path runs on a small machine without a GPU; written in `folder`."""
     import yaml
 
     doc = yaml.safe_load(config_path.read_text())
@@ -217,7 +216,7 @@ def cpu_stand_in(config_path: Path, names: list[str]) -> Path:
         if replicas.get("num_gpus"):
             replicas["num_gpus"] = 0
             model.setdefault("batcher", {}).setdefault("placement", "actor")
-    out = Path(tempfile.mkdtemp(prefix="raybatch-gpu-check-")) / config_path.name
+    out = folder / config_path.name
     out.write_text(yaml.safe_dump(doc))
     return out
 
@@ -284,8 +283,14 @@ def main() -> int:
               f"{ceilings[m.name]:,.0f} items/s", flush=True)
 
     t0 = time.monotonic()
-    served = str(ROOT / args.config) if cuda else str(cpu_stand_in(ROOT / args.config, args.models))
-    proc = start_up(served, [] if cuda else ["--num-cpus", "16"], timeout_s=600)
+    scratch = tempfile.TemporaryDirectory(prefix="raybatch-gpu-check-")
+    served = str(ROOT / args.config) if cuda else \
+        str(cpu_stand_in(ROOT / args.config, args.models, Path(scratch.name)))
+    try:
+        proc = start_up(served, [] if cuda else ["--num-cpus", "16"], timeout_s=600)
+    except BaseException:
+        scratch.cleanup()
+        raise
     failures = 0
     try:
         print(f"ready in {time.monotonic() - t0:.1f} s", flush=True)
@@ -316,6 +321,7 @@ def main() -> int:
                       flush=True)
     finally:
         stop_up(proc)
+        scratch.cleanup()
     return 1 if failures else 0
 
 

@@ -75,7 +75,7 @@ from typing import Any
 
 from deployments.http.pyserver.connection import FIRST_SLICE, Connection
 from deployments.http.pyserver.cycle import READ_BUFFER_BYTES
-from deployments.http.pyserver.portclaim import claim_port
+from deployments.http.pyserver.portclaim import claim_port, release_port
 
 TURN_READS = 64  # reads parsed in one turn of the event loop; past them, the next turn
 # Descriptors kept free of connections: Ray's own sockets and files, the native front's
@@ -141,6 +141,7 @@ class HttpServer:
         self._waiting: deque[Connection] = deque()  # connections whose reads wait a turn
         self._turn_due = False  # `_next_turn` is scheduled
         self._server: asyncio.AbstractServer | None = None
+        self._claimed = 0  # the port claimed (claim_port), released on close
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -167,6 +168,7 @@ class HttpServer:
         """The listening socket (the port claimed first, with `reuse_port`)."""
         if self.reuse_port and self.port and self.owner is not None:
             claim_port(self.port, self.owner)
+            self._claimed = self.port
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -187,6 +189,9 @@ class HttpServer:
         """Stop accepting; requests in progress go on (see `stop`)."""
         if self._server is not None:
             self._server.close()
+        if self._claimed:
+            port, self._claimed = self._claimed, 0
+            release_port(port)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None

@@ -23,8 +23,8 @@ def test_counter_delta_keeps_what_changed_in_the_window():
     assert counter_delta({"32": 2}, {}) == {"32": 2}
 
 
-def test_the_cpu_stand_in_keeps_the_checked_models_on_one_batching_actor_each():
-    path = cpu_stand_in(ROOT / "deployments/configs/gpu.yaml", ["mlp"])
+def test_the_cpu_stand_in_keeps_the_checked_models_on_one_batching_actor_each(tmp_path):
+    path = cpu_stand_in(ROOT / "deployments/configs/gpu.yaml", ["mlp"], tmp_path)
     doc = yaml.safe_load(path.read_text())
     assert [m["name"] for m in doc["models"]] == ["mlp"]
     config = load_config(path)
