@@ -1,24 +1,19 @@
 #!/usr/bin/env bash
-# The whole suite, in two lanes on two cores and a third that mostly waits:
+# The whole suite, in two lanes on two cores:
 #   lane 1: the integration and e2e tests that share the session's local Ray, then the
 #           notebooks (each that needs Ray starts and stops its own, once the session's
 #           is gone; those, RAY_NOTEBOOKS, run beside the others: by then the two cores
 #           are no longer both busy), then items of the queue below;
 #   lane 2: the unit tests (no Ray: CPU-bound; the native front's with the front built
-#           with ASan and UBSan, tests/sanitize.sh), then items of the queue;
-#   lane 3: from the start, the files that make a lab of network-namespace hosts
-#           (`benchmarks.cluster.lab`: one set of names and addresses per machine, so one
-#           after another): they spend most of their time waiting on what they test (a
-#           host killed or cut off, deadlines, Ray's health checks), time the two other
-#           lanes' work fills; in a lane of its own they no longer hold one of two lanes
-#           through their waits.
-# The queue: what needs no session Ray, each item taken by whichever of lanes 1 and 2 is
-# free first, the longest first, so that the lanes end about together however the
-# machine's load falls on them (a fixed split that ends together on a quiet machine leaves
-# one lane minutes behind when another process takes a core):
-#   - each other file of tests that start a Ray of their own (marker `own_ray`: `raybatch
-#     up` in a process of its own, cluster scenarios), on free ports and temp dirs of
-#     their own;
+#           with ASan and UBSan, tests/sanitize.sh), then items of the queue.
+# The queue: what needs no session Ray, each item taken by whichever lane is free first,
+# the longest first, so that the two lanes end about together however the machine's load
+# falls on them (a fixed split that ends together on a quiet machine leaves one lane
+# minutes behind when another process takes a core):
+#   - each file of tests that start a Ray of their own (marker `own_ray`: `raybatch up` in
+#     a process of its own, cluster scenarios), on free ports and temp dirs of their own;
+#     the files that make a lab of network-namespace hosts (`benchmarks.cluster.lab`: one
+#     set of names and addresses per machine) one item, one after another;
 #   - the HTTP servers' own unit tests (LANE1_UNIT, on free ports), and the own server's
 #     differential fuzzer against h11 (its streams cached: test_differential.py).
 # Every test still runs on every push but those marked `soak` (they measure: `make soak`;
@@ -50,13 +45,14 @@ own=$(grep -l "pytest.mark.own_ray" tests/integration/test_*.py tests/e2e/test_*
 lab=$(grep -l "benchmarks.cluster.lab" $own | tr '\n' ' ')
 expected() {  # measured on the quiet 2-core box; a file not named here: 30
   case "$1" in
-    *test_up_stop.py) echo 100 ;; *test_multinode.py) echo 45 ;;
+    lab) echo 160 ;; *test_up_stop.py) echo 100 ;; *test_multinode.py) echo 45 ;;
     *test_gpu_yaml.py) echo 44 ;; *test_k8s_autoscaling.py) echo 38 ;;
     *test_cluster_auth.py) echo 35 ;; "$LANE1_UNIT") echo 35 ;; "$H11_FUZZ") echo 10 ;;
     *) echo 30 ;;
   esac
 }
 {
+  [ -z "$lab" ] || printf '%s\t%s\t%s\t%s\n' "$(expected lab)" "the lab's tests" own "$lab"
   for f in $own; do
     case " $lab " in *" $f "*) continue ;; esac
     printf '%s\t%s\t%s\t%s\n' "$(expected "$f")" "$f" own "$f"
@@ -82,14 +78,6 @@ drain() {  # $1: the lane; runs the queue's items until none is left; 0 if all p
   return $rc
 }
 
-# shellcheck disable=SC2086
-[ -z "$lab" ] || {
-  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "own_ray and not soak" $lab
-  lab_rc=$?
-  took "the lab's tests (lane 3)"
-  exit $lab_rc
-} >"$work/lab.log" 2>&1 &
-lab_lane=$!
 (
   # shellcheck disable=SC2046
   "$PY" -m pytest -q -p no:cacheprovider --durations=15 tests/unit \
@@ -126,14 +114,6 @@ wait "$lane2"
 lane2_rc=$?
 echo "---- lane 2 (ran beside the above): tests/unit, then items of the queue ----"
 cat "$work/lane2.log"
-lab_rc=0
-if [ -n "$lab" ]; then
-  wait "$lab_lane"
-  lab_rc=$?
-  echo "---- lane 3 (ran beside the above): the lab's tests ----"
-  cat "$work/lab.log"
-fi
 echo "---- the suite took $(( $(date +%s) - start )) s ----"
-[ "$lab_rc" = 0 ] && [ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$ray_nb_rc" = 0 ] &&
-  [ "$queue_rc" = 0 ] &&
+[ "$ray_rc" = 0 ] && [ "$nb_rc" = 0 ] && [ "$ray_nb_rc" = 0 ] && [ "$queue_rc" = 0 ] &&
   [ "$lane2_rc" = 0 ]
