@@ -19,8 +19,8 @@ SYSDEPS := prometheus wrk
 # installs run again whenever a file named here changes.
 $(STAMP): pyproject.toml setup.py constraints.txt deployments/protocol/_jsonfast.c deployments/http/native/_front.c deployments/http/native/llhttp/llhttp.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# Everything, torch included, in one uv call when uv can be had (parallel downloads,
-	@# unpacking and compiling: half pip's time), reading pip's find-links (where this
+	@# Everything, torch included, in one uv call when uv can be had (parallel downloads and
+	@# unpacking: half pip's time), reading pip's find-links (where this
 	@# machine keeps torch's CPU wheel: $$PIP_FIND_LINKS, else pip's config), as pip would;
 	@# else pip, torch first. Then what the running product imports is compiled to bytecode
 	@# (raybatch.bytecode: the runtime's distributions and the project's packages, not the
