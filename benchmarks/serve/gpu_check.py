@@ -249,6 +249,42 @@ def stop_up(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def check_and_load(base: str, models: list[Any], app_name: str,
+                   ceilings: dict[str, float], args: argparse.Namespace) -> int:
+    """Each model's answers checked, then wrk at each concurrency: one line a run (rate,
+    latency, the ratio to the offline ceiling, GPU use, the batches); the runs with errors."""
+    from benchmarks.common.wrk import run_wrk
+    from benchmarks.serve.drivers import http_body
+
+    failures = 0
+    for m in models:
+        print(check_answers(base, m, model_instance(m, "cpu")), flush=True)
+    print(f"{'model':8} {'C':>4} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'/offline':>8}"
+          "  GPU, batches")
+    for m in models:
+        body, headers = http_body(sample_items(m, 1, seed=1), binary=True)
+        run_wrk(f"{base}/v2/models/{m.name}/infer", body, headers, connections=64,
+                duration_s=2, threads=args.wrk_threads)  # warm-up
+        for c in args.concurrency:
+            before = status(app_name)[m.name]
+            with GpuSampler() as gpu:
+                r = run_wrk(f"{base}/v2/models/{m.name}/infer", body, headers, connections=c,
+                            duration_s=args.seconds, threads=args.wrk_threads)
+            after = status(app_name)[m.name]
+            sizes = counter_delta(after["by_size"], before["by_size"])
+            reasons = counter_delta(after["by_reason"], before["by_reason"])
+            n = sum(sizes.values())
+            mean = sum(int(k) * v for k, v in sizes.items()) / n if n else 0.0
+            failures += r.errors > 0
+            print(f"{m.name:8} {c:>4} {r.throughput_rps:>9,.0f} {r.p50_ms:>7.2f} "
+                  f"{r.p99_ms:>7.2f} {r.throughput_rps / ceilings[m.name]:>8.2f}  "
+                  f"{gpu.summary()}; {n} batches, mean {mean:.1f}, sizes {histogram(sizes)}"
+                  f", sent because {dict(reasons)}"
+                  + (f"; ERRORS {r.errors}: {r.first_error}" if r.errors else ""),
+                  flush=True)
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="deployments/configs/gpu.yaml")
@@ -260,8 +296,6 @@ def main() -> int:
                         help="no GPU: run every step on the CPU (tests the check itself)")
     args = parser.parse_args()
 
-    from benchmarks.common.wrk import run_wrk
-    from benchmarks.serve.drivers import http_body
     from cluster.config import load_config
 
     cuda = has_cuda()
@@ -283,45 +317,15 @@ def main() -> int:
               f"{ceilings[m.name]:,.0f} items/s", flush=True)
 
     t0 = time.monotonic()
-    scratch = tempfile.TemporaryDirectory(prefix="raybatch-gpu-check-")
-    served = str(ROOT / args.config) if cuda else \
-        str(cpu_stand_in(ROOT / args.config, args.models, Path(scratch.name)))
-    try:
+    with tempfile.TemporaryDirectory(prefix="raybatch-gpu-check-") as scratch:
+        served = str(ROOT / args.config) if cuda else \
+            str(cpu_stand_in(ROOT / args.config, args.models, Path(scratch)))
         proc = start_up(served, [] if cuda else ["--num-cpus", "16"], timeout_s=600)
-    except BaseException:
-        scratch.cleanup()
-        raise
-    failures = 0
-    try:
-        print(f"ready in {time.monotonic() - t0:.1f} s", flush=True)
-        for m in models:
-            print(check_answers(base, m, model_instance(m, "cpu")), flush=True)
-        print(f"{'model':8} {'C':>4} {'req/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'/offline':>8}"
-              "  GPU, batches")
-        for m in models:
-            body, headers = http_body(sample_items(m, 1, seed=1), binary=True)
-            run_wrk(f"{base}/v2/models/{m.name}/infer", body, headers, connections=64,
-                    duration_s=2, threads=args.wrk_threads)  # warm-up
-            for c in args.concurrency:
-                before = status(config.app_name)[m.name]
-                with GpuSampler() as gpu:
-                    r = run_wrk(f"{base}/v2/models/{m.name}/infer", body, headers,
-                                connections=c, duration_s=args.seconds, threads=args.wrk_threads)
-                after = status(config.app_name)[m.name]
-                sizes = counter_delta(after["by_size"], before["by_size"])
-                reasons = counter_delta(after["by_reason"], before["by_reason"])
-                n = sum(sizes.values())
-                mean = sum(int(k) * v for k, v in sizes.items()) / n if n else 0.0
-                failures += r.errors > 0
-                print(f"{m.name:8} {c:>4} {r.throughput_rps:>9,.0f} {r.p50_ms:>7.2f} "
-                      f"{r.p99_ms:>7.2f} {r.throughput_rps / ceilings[m.name]:>8.2f}  "
-                      f"{gpu.summary()}; {n} batches, mean {mean:.1f}, sizes {histogram(sizes)}"
-                      f", sent because {dict(reasons)}"
-                      + (f"; ERRORS {r.errors}: {r.first_error}" if r.errors else ""),
-                      flush=True)
-    finally:
-        stop_up(proc)
-        scratch.cleanup()
+        try:
+            print(f"ready in {time.monotonic() - t0:.1f} s", flush=True)
+            failures = check_and_load(base, models, config.app_name, ceilings, args)
+        finally:
+            stop_up(proc)
     return 1 if failures else 0
 
 
