@@ -19,18 +19,44 @@ returned (a model that changes an array it returned would race with in-band pick
 Arrays decoded from a read-only frame (a `bytes`) are copied into writable memory first:
 a model may write to its inputs, as it could to what `pickle.loads` made in band.
 A payload whose lengths do not add up is refused (`ValueError`), never read past.
+
+Arrays are pickled as numpy pickles them at protocol 5 (its own `_frombuffer` rebuilds
+them: any reader that unpickles numpy reads these frames), but with the dtype as its
+string (`'<f4'`) rather than a pickled `dtype` object, whose reduction is most of the
+cost of pickling a batch's few objects (`_reduce_array`; `benchmarks.serve.channels`).
+Only plain dtypes (numbers, booleans, fixed-width strings), whose string names
+them exactly, and C-contiguous arrays go this way; anything else (dates, records) as
+numpy reduces it.
 """
 
 from __future__ import annotations
 
+import copyreg
+import io
 import pickle
 import struct
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
 
 OOB = 0x80  # in a frame's kind: the payload carries out-of-band buffers
 KIND = 0x7F  # the kind itself
 OOB_MIN_BYTES = 16 * 1024  # a smaller buffer is copied into the pickle: one part
 _COUNTS = struct.Struct("<II")  # buffers, pickle length
+_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]  # numpy's own rebuilder, wherever it lives
+_PLAIN_KINDS = frozenset("biufcSU")  # dtypes their `.str` names, which export a buffer
+
+
+def _reduce_array(a: np.ndarray) -> Any:
+    """An exact ndarray's reduction: numpy's own, with its dtype as a string."""
+    dtype = a.dtype
+    if dtype.kind in _PLAIN_KINDS and dtype.metadata is None and a.flags.c_contiguous:
+        return _FROMBUFFER, (pickle.PickleBuffer(a), dtype.str, a.shape, "C")
+    return a.__reduce_ex__(5)
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table: ClassVar[dict] = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
 
 
 def encode(value: Any) -> tuple[int, list[bytes | memoryview]]:
@@ -47,7 +73,9 @@ def encode(value: Any) -> tuple[int, list[bytes | memoryview]]:
         buffers.append(raw)
         return False
 
-    main = pickle.dumps(value, protocol=5, buffer_callback=out_of_band)
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=out_of_band).dump(value)
+    main = out.getvalue()
     if not buffers:
         return 0, [main]
     lengths = struct.pack(f"<{len(buffers)}Q", *(b.nbytes for b in buffers))

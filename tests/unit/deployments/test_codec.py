@@ -71,6 +71,58 @@ def test_every_layout_comes_back_equal(make):
         assert out.flags.f_contiguous == value.flags.f_contiguous
 
 
+def _globals(main: bytes) -> list[str]:
+    """The names a pickle looks up: each STACK_GLOBAL's module and name, the last two
+    strings pushed before it (memoized strings fetched again count too)."""
+    import pickletools
+
+    strings: list[str] = []
+    memo: list[str | None] = []  # what each MEMOIZE stored, if a string
+    names, pushed = [], None
+    for op, arg, _ in pickletools.genops(main):
+        if op.name == "MEMOIZE":
+            memo.append(pushed)
+        elif op.name in ("BINGET", "LONG_BINGET") and memo[arg] is not None:
+            strings.append(memo[arg])
+        elif op.name == "STACK_GLOBAL":
+            names.append(".".join(strings[-2:]))
+        pushed = arg if isinstance(arg, str) and "UNICODE" in op.name else None
+        if pushed is not None:
+            strings.append(pushed)
+    return names
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f8", "<i2", "u1", "?", "<c8", "S7", "<U3",
+                                   ">i8"])
+def test_plain_dtypes_travel_by_their_string_and_come_back_exact(dtype):
+    rng = np.random.default_rng(3)
+    value = rng.integers(0, 100, size=(3, 4096)).astype(dtype)
+    for big in (value, value[:1, :8]):  # out of band, and in band
+        flag, parts = encode(big)
+        main = parts[1] if flag else parts[0]
+        names = _globals(bytes(main))
+        assert not any(n.endswith(".dtype") for n in names), names  # no dtype object
+        out = decode(bytearray(b"".join(parts)), flag)
+        assert out.dtype == big.dtype and out.dtype.str == np.dtype(dtype).str
+        assert out.shape == big.shape and np.array_equal(out, big) and out.flags.writeable
+        assert pickle.loads(main, buffers=[bytearray(p) for p in parts[2:]]).dtype == big.dtype
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.zeros(5000, dtype=[("a", "<f4"), ("b", "<i8")]),  # structured
+    lambda: np.arange(5000).astype("<M8[ns]"),  # dates: no buffer of theirs
+    lambda: np.arange(5000).astype("<m8[s]"),
+    lambda: np.zeros(5000, dtype=np.dtype("<f8", metadata={"unit": "m"})),
+    lambda: np.asfortranarray(np.arange(6000, dtype=np.float32).reshape(60, 100)),
+])
+def test_other_arrays_are_reduced_as_numpy_reduces_them(make):
+    value = make()
+    flag, parts = encode(value)
+    out = decode(bytearray(b"".join(parts)), flag)
+    assert out.dtype == value.dtype and out.dtype.metadata == value.dtype.metadata
+    assert np.array_equal(out, value) and out.flags.f_contiguous == value.flags.f_contiguous
+
+
 def test_a_payload_whose_lengths_do_not_add_up_is_refused():
     _, frame = joined([np.ones(OOB_MIN_BYTES, np.uint8)])
     cases = {
