@@ -10,17 +10,29 @@ system CPU from /proc over the timed window, per request answered. The shapes al
 times, so a neighbour's load falls on both. What it answers: which process pays what
 the in-process shortcut does not (the batching actor's and the replica's own work, the
 hops between them), and whether that is user time (Python) or system time (sockets,
-wake-ups).
+wake-ups). Also printed per run: the machine's idle share over the window (/proc/stat:
+is the shape short of CPU, or of something else?) and the engine's own statistics
+(`/v2/models/mlp/stats`, since the start: mean batch, a request's wait in the queue and
+its time from arrival at the engine to its answer, a batch's compute in the replica).
+`--override '{"replicas": {"max_inflight_batches": 1}}'` merges settings into the mlp's
+config sections for an experiment (both shapes get them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
+import yaml
+
+import benchmarks.peers.systems as systems
 from benchmarks.common.wrk import run_wrk
 from benchmarks.peers.measure import check_answer
 from benchmarks.peers.systems import model_input_and_answer, start_raybatch, stop
@@ -52,28 +64,75 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
-def measure(shape: str, connections: int, duration_s: float, port: int) -> dict:
+def machine_ticks() -> list[int]:
+    """The machine's CPU ticks by state (/proc/stat's first line: user, nice, system, idle,
+    iowait, ...)."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:]]
+
+
+def engine_stats(base_url: str) -> dict[str, float]:
+    """The mlp engine's statistics since the start, per request and per batch."""
+    with urllib.request.urlopen(f"{base_url}/v2/models/mlp/stats", timeout=5) as r:
+        s = json.loads(r.read())["model_stats"][0]
+    stats, batches, items = s["inference_stats"], s["execution_count"], s["inference_count"]
+    return {"mean_batch": items / max(batches, 1),
+            "queue_us": stats["queue"]["ns"] / 1e3 / max(stats["queue"]["count"], 1),
+            "answer_us": stats["success"]["ns"] / 1e3 / max(stats["success"]["count"], 1),
+            "compute_us": stats["compute_infer"]["ns"] / 1e3 / max(batches, 1)}
+
+
+def with_override(override: dict[str, Any]) -> Any:
+    """`benchmarks.peers.systems.raybatch_config`, the mlp's sections merged with
+    `override`."""
+    plain = systems.raybatch_config
+
+    def config(tmp: Path, inproc: bool = False, repo: Path = systems.REPO) -> Path:
+        path = plain(tmp, inproc, repo)
+        cfg = yaml.safe_load(path.read_text())
+        mlp = cfg["models"][0]
+        for section, values in override.items():
+            mlp[section] = {**mlp.get(section, {}), **values}
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+    return config
+
+
+def measure(shape: str, connections: int, duration_s: float, port: int,
+            override: dict[str, Any] | None = None) -> dict:
     x, expected = model_input_and_answer()
-    server = start_raybatch(x, port, Path(tempfile.mkdtemp()), None, inproc=shape == "inproc")
-    try:
-        binary = server.variants[0]
-        url = server.base_url + binary.path
-        check_answer(url, binary.body, binary.headers, binary.decode, expected)  # or raise
-        run_wrk(url, binary.body, binary.headers, connections=connections, duration_s=3)
-        roles = ray_processes()
-        before = {r: [cpu_s(p) for p in pids] for r, pids in roles.items()}
-        result = run_wrk(url, binary.body, binary.headers, connections=connections,
-                         duration_s=duration_s)
-        n = result.requests or 1
-        per_role = {}
-        for role, pids in roles.items():
-            user = sum(cpu_s(p)[0] - b[0] for p, b in zip(pids, before[role]))
-            system = sum(cpu_s(p)[1] - b[1] for p, b in zip(pids, before[role]))
-            per_role[role] = (1e6 * user / n, 1e6 * system / n)
-        return {"shape": shape, "req_s": result.throughput_rps, "p50_ms": result.p50_ms,
-                "errors": result.errors, "us_per_request": per_role}
-    finally:
-        stop(server)
+    with tempfile.TemporaryDirectory() as tmp:
+        with mock.patch.object(systems, "raybatch_config", with_override(override or {})):
+            server = start_raybatch(x, port, Path(tmp), None, inproc=shape == "inproc")
+        try:
+            return _timed(shape, server, expected, connections, duration_s)
+        finally:
+            stop(server)
+
+
+def _timed(shape: str, server: Any, expected: Any, connections: int,
+           duration_s: float) -> dict:
+    """A warm-up, then `duration_s` of load with the CPU of each Ray process read around it."""
+    binary = server.variants[0]
+    url = server.base_url + binary.path
+    check_answer(url, binary.body, binary.headers, binary.decode, expected)  # or raise
+    run_wrk(url, binary.body, binary.headers, connections=connections, duration_s=3)
+    roles = ray_processes()
+    before = {r: [cpu_s(p) for p in pids] for r, pids in roles.items()}
+    ticks = machine_ticks()
+    result = run_wrk(url, binary.body, binary.headers, connections=connections,
+                     duration_s=duration_s)
+    ticks = [b - a for a, b in zip(ticks, machine_ticks())]
+    n = result.requests or 1
+    per_role = {}
+    for role, pids in roles.items():
+        user = sum(cpu_s(p)[0] - b[0] for p, b in zip(pids, before[role]))
+        system = sum(cpu_s(p)[1] - b[1] for p, b in zip(pids, before[role]))
+        per_role[role] = (1e6 * user / n, 1e6 * system / n)
+    return {"shape": shape, "req_s": result.throughput_rps, "p50_ms": result.p50_ms,
+            "errors": result.errors, "us_per_request": per_role,
+            "idle": (ticks[3] + ticks[4]) / max(sum(ticks), 1),
+            "engine": engine_stats(server.base_url)}
 
 
 def render(row: dict) -> str:
@@ -85,6 +144,10 @@ def render(row: dict) -> str:
             total += user + system
             parts.append(f"  {role:15s} user {user:6.1f}  sys {system:6.1f} µs/req")
     parts.append(f"  {'all':15s} {total:6.1f} µs/req")
+    e = row["engine"]
+    parts.append(f"  machine idle {100 * row['idle']:.1f}%; engine: mean batch "
+                 f"{e['mean_batch']:.1f}, queue {e['queue_us']:.0f} µs, arrival to answer "
+                 f"{e['answer_us']:.0f} µs, compute {e['compute_us']:.0f} µs a batch")
     return "\n".join(parts)
 
 
@@ -96,11 +159,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--port", type=int, default=18200)
+    p.add_argument("--override", type=json.loads, default={},
+                   help="JSON: settings merged into the mlp's config sections")
     args = p.parse_args(argv)
     for _ in range(args.rounds):
         for shape in args.shapes:
-            print(render(measure(shape, args.concurrency, args.duration, args.port)),
-                  flush=True)
+            print(render(measure(shape, args.concurrency, args.duration, args.port,
+                                 args.override)), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
 
 
