@@ -14,6 +14,13 @@ A model with several named inputs or outputs sees its batch as a dict of arrays
 (`{"query": [B, 16], "doc": [B, 16]}`, every input stacked per name) and returns a
 dict of arrays, one row per item in each; `run_batch` hands the model that dict
 and turns its answer into a `TensorBatch` the ledger cuts per request.
+
+A model's inputs are its own, writable (`writable`). A request's array is a read-only
+view of the bytes it came in (the HTTP body, a frame of the direct connection: pickle
+keeps an array read-only on the way), and a batch of one request is that array, while a
+batch of several is a fresh concatenation: without the copy a model that writes to its
+inputs (or `torch.from_numpy`, which warns on a read-only array) would work under load
+and fail on a lone request.
 """
 
 from __future__ import annotations
@@ -69,6 +76,28 @@ def as_batch(items: Sequence[Any]) -> Any:
     return list(items)
 
 
+def _read_only(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and not x.flags.writeable
+
+
+def writable(items: Any) -> Any:
+    """`items` with each read-only array in it copied: the batch's array, a named input's,
+    a row of a list. Writable arrays (a batch of several requests is one, freshly
+    concatenated) and everything else are handed on as they are.
+
+    >>> x = np.frombuffer(bytes(8), np.float32)
+    >>> writable(x).flags.writeable, writable({"a": x})["a"].flags.writeable
+    (True, True)
+    """
+    if isinstance(items, np.ndarray):
+        return items.copy() if not items.flags.writeable else items
+    if isinstance(items, dict) and any(map(_read_only, items.values())):
+        return {k: v.copy() if _read_only(v) else v for k, v in items.items()}
+    if isinstance(items, list) and any(map(_read_only, items)):
+        return [x.copy() if _read_only(x) else x for x in items]
+    return items
+
+
 def instantiate(target: Any, args: tuple, kwargs: dict) -> Any:
     """A transformer from a class or factory (called with args), or an instance as is."""
     if isinstance(target, type) or not hasattr(target, "transform"):
@@ -81,7 +110,7 @@ def run_batch(model: Any, items: Any) -> Sequence[Any]:
     (a `TensorBatch` when the model returns named outputs)."""
     if isinstance(items, TensorBatch):
         items = items.as_dict()
-    pre = model.preprocess(items)
+    pre = model.preprocess(writable(items))
     out = model.postprocess(pre, model.transform(pre))
     if isinstance(out, Mapping):
         return TensorBatch.of(out)

@@ -25,6 +25,7 @@ import numpy as np
 
 from batching.errors import BatchSizeMismatch, SequenceLost
 from batching.ledger import ItemFailed
+from batching.model import writable
 from batching.sequence.types import SequenceBatch, SequenceId
 from batching.types import RequestId
 
@@ -101,7 +102,7 @@ class StateStore:
         if lost:  # the model must not see a row whose state is gone as ready
             controls = replace(batch, ready=tuple(r and i not in lost
                                                   for i, r in enumerate(batch.ready)))
-        outputs, new_states = self.model.transform(batch.items, states, controls)
+        outputs, new_states = self.model.transform(writable(batch.items), states, controls)
         if len(outputs) != batch.rows or len(new_states) != batch.rows:
             raise BatchSizeMismatch(
                 f"{type(self.model).__name__}.transform returned {len(outputs)} outputs and "

@@ -16,8 +16,10 @@ An array is written as it lies, possibly after `encode` has returned (an event l
 transport writes what the socket did not take at once), so what is sent is never changed
 after: the engine sends requests' arrays it only reads, a replica the arrays its model
 returned (a model that changes an array it returned would race with in-band pickling too).
-Arrays decoded from a read-only frame (a `bytes`) are copied into writable memory first:
-a model may write to its inputs, as it could to what `pickle.loads` made in band.
+Arrays decoded from a read-only frame (a `bytes`) are copied into writable memory first;
+an array that was read-only where it was sent comes back read-only (pickle says so in the
+frame), as it would in band: a model gets its inputs writable all the same, copied where
+they are not (`batching.model.writable`).
 A payload whose lengths do not add up is refused (`ValueError`), never read past.
 
 Arrays are pickled as numpy pickles them at protocol 5 (its own `_frombuffer` rebuilds

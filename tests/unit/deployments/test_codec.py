@@ -123,6 +123,40 @@ def test_other_arrays_are_reduced_as_numpy_reduces_them(make):
     assert np.array_equal(out, value) and out.flags.f_contiguous == value.flags.f_contiguous
 
 
+def test_random_arrays_come_back_as_numpy_s_own_pickle_gives_them():
+    """A differential, fixed seed: any dtype (plain, dates, objects, records), shape (empty
+    and 0-d included), layout (strided, transposed) and writability; what the codec
+    decodes has the dtype, bytes and writability a plain `pickle` round trip gives, and an
+    array seen twice in a value is one array again."""
+    rng = np.random.default_rng(7)
+    dtypes = ["<f4", ">f4", "<f8", "<f2", "<i1", ">i4", "<i8", "u1", ">u8", "?", "<c8",
+              ">c16", "S3", "<U5", "<M8[s]", "<m8[ms]", "O", [("a", "<i4"), ("b", "S2")]]
+    for _ in range(300):
+        dt = np.dtype(dtypes[rng.integers(len(dtypes))])
+        shape = tuple(int(n) for n in rng.integers(0, 40, size=rng.integers(0, 4)))
+        if dt.kind == "O":
+            a = np.empty(shape, dtype=object)
+            a.flat[:] = [str(i) for i in range(a.size)]
+        else:
+            raw = rng.integers(0, 256, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8)
+            a = np.frombuffer(raw.tobytes(), dtype=dt).reshape(shape).copy()
+        if rng.random() < 0.3 and a.ndim and a.shape[0] > 1:
+            a = a[::2]
+        if rng.random() < 0.2 and a.ndim == 2:
+            a = a.T
+        if rng.random() < 0.2:
+            a.flags.writeable = False
+        flag, parts = encode({"x": a, "again": (a, 1)})
+        out = decode(bytearray(b"".join(parts)), flag)
+        got, ref = out["x"], pickle.loads(pickle.dumps(a, protocol=5))
+        assert got.dtype == ref.dtype and got.shape == a.shape and out["again"][0] is got
+        if dt.kind == "O":
+            assert list(got.flat) == list(a.flat)
+        else:
+            assert got.tobytes() == ref.tobytes()
+        assert got.flags.writeable == ref.flags.writeable  # read-only stays so, as pickled
+
+
 def test_a_payload_whose_lengths_do_not_add_up_is_refused():
     _, frame = joined([np.ones(OOB_MIN_BYTES, np.uint8)])
     cases = {
@@ -289,3 +323,30 @@ def test_large_answers_read_one_after_another_keep_their_own_values():
         server.close()
     assert [float(h[0][0]) for h in held] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert all(float(h[0].min()) == float(h[0].max()) for h in held)
+
+
+@pytest.mark.parametrize("rows", [1, 64])  # in band, and out of band (64 KiB)
+def test_a_lone_read_only_request_sent_to_a_replica_is_written_by_its_model(rows):
+    """The path where a batch of one request is the sender's read-only array: a frame of
+    the direct connection to a replica's `ThreadedLinkServer`, as `ModelReplica.run`
+    runs it."""
+    from batching.model import run_batch
+    from tests.unit.batching.test_model_inputs import Doubler, received
+
+    model = Doubler()
+    server = ThreadedLinkServer(lambda items: (run_batch(model, items), 0.0), workers=1)
+    host, port, token = server.address("127.0.0.1")
+    x = received(np.arange(rows * 256)).reshape(rows, 256)
+
+    async def main():
+        link = await Link.open_to(host, port, token)
+        try:
+            return await link.call(x)
+        finally:
+            link.close()
+
+    try:
+        out, _ = run(main())
+    finally:
+        server.close()
+    assert np.array_equal(out, np.arange(rows * 256, dtype=np.float32).reshape(rows, 256) * 2)
