@@ -82,8 +82,8 @@ def _read_only(x: Any) -> bool:
 
 def writable(items: Any) -> Any:
     """`items` with each read-only array in it copied: the batch's array, a named input's,
-    a row of a list. Writable arrays (a batch of several requests is one, freshly
-    concatenated) and everything else are handed on as they are.
+    a row of a list (a named input's too). Writable arrays (a batch of several requests is
+    one, freshly concatenated) and everything else are handed on as they are.
 
     >>> x = np.frombuffer(bytes(8), np.float32)
     >>> writable(x).flags.writeable, writable({"a": x})["a"].flags.writeable
@@ -91,8 +91,9 @@ def writable(items: Any) -> Any:
     """
     if isinstance(items, np.ndarray):
         return items.copy() if not items.flags.writeable else items
-    if isinstance(items, dict) and any(map(_read_only, items.values())):
-        return {k: v.copy() if _read_only(v) else v for k, v in items.items()}
+    if isinstance(items, dict):  # named inputs: arrays, or lists of rows (ragged "list")
+        fixed = {k: writable(v) for k, v in items.items()}
+        return items if all(fixed[k] is v for k, v in items.items()) else fixed
     if isinstance(items, list) and any(map(_read_only, items)):
         return [x.copy() if _read_only(x) else x for x in items]
     return items

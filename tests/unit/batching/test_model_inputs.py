@@ -22,7 +22,8 @@ class Doubler(VectorTransformer):
         self.seen.append(pre)
         if isinstance(pre, dict):
             for x in pre.values():
-                x *= 2
+                for part in x if isinstance(x, list) else [x]:
+                    part *= 2
             return pre
         if isinstance(pre, list):
             for x in pre:
@@ -68,7 +69,16 @@ def test_named_inputs_and_rows_that_are_read_only_are_copied_the_others_kept(mak
         assert (got is original) == original.flags.writeable  # only read-only ones copied
 
 
+def test_the_rows_of_a_ragged_named_input_handed_as_a_list_are_writable():
+    items = {"tokens": [received([1, 2]), received([3])], "b": np.array([3.0], np.float32)}
+    got = writable(items)
+    assert all(r.flags.writeable for r in got["tokens"]) and got["b"] is items["b"]
+    assert [r.tolist() for r in got["tokens"]] == [[1.0, 2.0], [3.0]]
+
+
 def test_other_items_pass_unchanged():
     items = [b"a", "b", 3]
     assert writable(items) is items
+    named = {"a": np.ones(2), "rows": [np.ones(1)]}
+    assert writable(named) is named
     assert writable(np.array([b"x"], object)).tolist() == [b"x"]
