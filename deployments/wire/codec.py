@@ -25,7 +25,7 @@ A payload whose lengths do not add up is refused (`ValueError`), never read past
 Arrays are pickled as numpy pickles them at protocol 5 (its own `_frombuffer` rebuilds
 them: any reader that unpickles numpy reads these frames), but with the dtype as its
 string (`'<f4'`) rather than a pickled `dtype` object, whose reduction is most of the
-cost of pickling a batch's few objects (`_reduce_array`; `benchmarks.serve.channels`).
+cost of pickling a batch's few objects (`_reduce_array`; `benchmarks.serve.codec_cost`).
 Only plain dtypes (numbers, booleans, fixed-width strings), whose string names
 them exactly, and C-contiguous arrays go this way; anything else (dates, records) as
 numpy reduces it.
@@ -37,6 +37,8 @@ import copyreg
 import io
 import pickle
 import struct
+from collections import ChainMap
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,7 +60,10 @@ def _reduce_array(a: np.ndarray) -> Any:
 
 
 class _Pickler(pickle.Pickler):
-    dispatch_table: ClassVar[dict] = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
+    # copyreg's table as it is when a value is pickled (a library may register a type
+    # after this module is imported), with arrays ahead of it
+    dispatch_table: ClassVar[Mapping] = ChainMap({np.ndarray: _reduce_array},
+                                                 copyreg.dispatch_table)
 
 
 def encode(value: Any) -> tuple[int, list[bytes | memoryview]]:

@@ -157,6 +157,24 @@ def test_random_arrays_come_back_as_numpy_s_own_pickle_gives_them():
         assert got.flags.writeable == ref.flags.writeable  # read-only stays so, as pickled
 
 
+class _Registered:
+    def __init__(self, v):
+        self.v = v
+
+
+def test_a_type_registered_with_copyreg_after_the_codec_loaded_is_reduced_by_it():
+    """The codec's pickler sees copyreg's table as it is now, not as it was at import."""
+    import copyreg
+
+    copyreg.pickle(_Registered, lambda o: (_Registered, (o.v * 10,)))
+    try:
+        flag, parts = encode([_Registered(2), np.ones(3)])
+        out = decode(bytearray(b"".join(parts)), flag)
+    finally:
+        del copyreg.dispatch_table[_Registered]
+    assert out[0].v == 20 and out[1].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_a_payload_whose_lengths_do_not_add_up_is_refused():
     _, frame = joined([np.ones(OOB_MIN_BYTES, np.uint8)])
     cases = {
