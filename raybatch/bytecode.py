@@ -17,19 +17,15 @@ from __future__ import annotations
 import compileall
 import importlib.metadata as md
 import os
-import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN_PACKAGES = ("batching", "cluster", "deployments", "raybatch")
-
-
-def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def runtime_distributions(top: str = "raybatch") -> dict[str, md.Distribution]:
@@ -39,7 +35,7 @@ def runtime_distributions(top: str = "raybatch") -> dict[str, md.Distribution]:
     extras_seen: dict[str, set[str]] = {}
 
     def walk(name: str, extras: set[str]) -> None:
-        key = _key(name)
+        key = canonicalize_name(name)
         new = ({""} | extras) - extras_seen.get(key, set())
         if not new:
             return

@@ -236,15 +236,19 @@ def model_input_and_answer() -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- the systems ------------------------------------------------------------------------------
-def raybatch_config(tmp: Path, inproc: bool = False, repo: Path = REPO) -> Path:
+def raybatch_config(tmp: Path, inproc: bool = False, repo: Path = REPO,
+                    override: dict[str, dict] | None = None) -> Path:
     """`repo`'s demo config with only its mlp, at one replica (one model instance); `inproc`:
-    with the in-process shortcut (engine and replica in the ingress), nothing else changed."""
+    with the in-process shortcut (engine and replica in the ingress), nothing else changed;
+    `override`: settings merged into the mlp's sections, for an experiment."""
     cfg = yaml.safe_load((repo / "deployments/configs/demo.yaml").read_text())
     mlp = next(m for m in cfg["models"] if m["name"] == "mlp")
     mlp["replicas"] = {**mlp["replicas"], "min_replicas": 1, "max_replicas": 1}
     if inproc:
         mlp["replicas"]["in_process"] = True
         mlp["batcher"] = {"placement": "ingress"}
+    for section, values in (override or {}).items():
+        mlp[section] = {**mlp.get(section, {}), **values}
     cfg["models"] = [mlp]
     tag = "" if repo == REPO else "-" + repo.name
     path = tmp / (f"raybatch-mlp{tag}-inproc.yaml" if inproc else f"raybatch-mlp{tag}.yaml")
@@ -253,14 +257,17 @@ def raybatch_config(tmp: Path, inproc: bool = False, repo: Path = REPO) -> Path:
 
 
 def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
-                   inproc: bool = False, repo: Path = REPO, name: str | None = None) -> Server:
+                   inproc: bool = False, repo: Path = REPO, name: str | None = None,
+                   override: dict[str, dict] | None = None) -> Server:
     """`raybatch up` of the checkout `repo` (another one: an earlier version, its
-    extensions built in place, run from its own folder and Python path)."""
+    extensions built in place, run from its own folder and Python path); `override`: as
+    `raybatch_config`'s."""
     native = port + 1
     # the command line's package: raybatch/, or cluster/cli/ in versions before it moved
     cli = "raybatch" if (repo / "raybatch" / "__init__.py").exists() else "cluster.cli"
     argv = [sys.executable, "-c", f"from {cli} import main; main()", "up",
-            "--config", str(raybatch_config(tmp, inproc, repo)), "--host", "127.0.0.1",
+            "--config", str(raybatch_config(tmp, inproc, repo, override)),
+            "--host", "127.0.0.1",
             "--port", str(port), "--native-port", str(native)]
     name = name or ("raybatch.inproc" if inproc else "raybatch")
     log = tmp / f"{name}.log"

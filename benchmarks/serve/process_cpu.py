@@ -28,11 +28,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-import yaml
-
-import benchmarks.peers.systems as systems
 from benchmarks.common.wrk import run_wrk
 from benchmarks.peers.measure import check_answer
 from benchmarks.peers.systems import model_input_and_answer, start_raybatch, stop
@@ -82,28 +78,12 @@ def engine_stats(base_url: str) -> dict[str, float]:
             "compute_us": stats["compute_infer"]["ns"] / 1e3 / max(batches, 1)}
 
 
-def with_override(override: dict[str, Any]) -> Any:
-    """`benchmarks.peers.systems.raybatch_config`, the mlp's sections merged with
-    `override`."""
-    plain = systems.raybatch_config
-
-    def config(tmp: Path, inproc: bool = False, repo: Path = systems.REPO) -> Path:
-        path = plain(tmp, inproc, repo)
-        cfg = yaml.safe_load(path.read_text())
-        mlp = cfg["models"][0]
-        for section, values in override.items():
-            mlp[section] = {**mlp.get(section, {}), **values}
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        return path
-    return config
-
-
 def measure(shape: str, connections: int, duration_s: float, port: int,
             override: dict[str, Any] | None = None) -> dict:
     x, expected = model_input_and_answer()
     with tempfile.TemporaryDirectory() as tmp:
-        with mock.patch.object(systems, "raybatch_config", with_override(override or {})):
-            server = start_raybatch(x, port, Path(tmp), None, inproc=shape == "inproc")
+        server = start_raybatch(x, port, Path(tmp), None, inproc=shape == "inproc",
+                                override=override)
         try:
             return _timed(shape, server, expected, connections, duration_s)
         finally:

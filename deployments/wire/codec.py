@@ -58,6 +58,7 @@ def _reduce_array(a: np.ndarray) -> Any:
 
 
 _table: dict[type, Any] = {}  # copyreg's table and arrays' reduction, see `_dispatch_table`
+_table_of = -1  # the size of copyreg's table it was copied from
 
 
 def _dispatch_table() -> dict[type, Any]:
@@ -67,8 +68,9 @@ def _dispatch_table() -> dict[type, Any]:
     plain dict: a lookup in a live view (a `ChainMap`) costs a Python call for every
     object pickled that is not a builtin container, a tenth to a fifth of a bundle's
     encoding."""
-    global _table
-    if len(_table) != len(copyreg.dispatch_table) + 1:
+    global _table, _table_of
+    if _table_of != len(copyreg.dispatch_table):
+        _table_of = len(copyreg.dispatch_table)
         _table = {**copyreg.dispatch_table, np.ndarray: _reduce_array}
     return _table
 
