@@ -48,6 +48,8 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
     "parallel_tool_calls": (None, True, False),
+    # JSON mode or a JSON schema would need constrained decoding: plain text only
+    "response_format": (None, {"type": "text"}),
 }
 
 

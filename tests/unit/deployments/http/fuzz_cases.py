@@ -1,4 +1,5 @@
-"""Malformed requests from a seed: OIP infer and generate bodies, headers, paths, methods.
+"""Malformed requests from a seed: OIP infer and generate bodies, OpenAI completions and
+chat completions, headers, paths, methods.
 
 Every case is wrong by construction (each corruption alone makes the request
 invalid, so any mix of them does too), so the only right answer is a 4xx with
@@ -164,7 +165,9 @@ BAD_GENERATE: list[Any] = [
     {"text_input": "a", "parameters": {"max_tokens": True}},
     {"text_input": "a", "parameters": {"stop": [["x"]]}},
     {"text_input": "a", "parameters": {"stop": ""}},
-    {"text_input": "a", "parameters": {"temperature": 0.7}},
+    {"text_input": "a", "parameters": {"temperature": 2.5}},
+    {"text_input": "a", "parameters": {"top_p": 0}},
+    {"text_input": "a", "parameters": {"seed": -1}},
     {"text_input": "a", "parameters": {"priority": -2}},
     {"text_input": "a", "parameters": {"timeout": "soon"}},
     {"text_input": "a", "max_tokens": 2, "parameters": {"max_tokens": 3}},
@@ -183,6 +186,105 @@ def generate(rng: random.Random) -> tuple[str, bytes, dict[str, str]]:
     doc = rng.choice(BAD_GENERATE)
     body = doc[1].encode() if isinstance(doc, tuple) else _raw(doc)
     return "generate", body, {}
+
+
+# --- OpenAI completions and chat completions ------------------------------------------------
+
+# Each a field set to something the API refuses ("@GEN@": the generative model's name,
+# "@INFER@": a model that does not generate text; DROP: the field left out).
+DROP = object()
+BAD_OPENAI_COMMON: dict[str, list[Any]] = {
+    "model": [DROP, None, 5, "", ["@GEN@"], "no-such-model", "@INFER@", ("raw", DEEP_1000)],
+    "max_tokens": [0, -1, "5", 1.5, True, 2**70, ("raw", DIGITS), ("raw", "1e999")],
+    "temperature": [-0.5, 2.5, "hot", True, [], {}, ("raw", "NaN"), ("raw", "1e999")],
+    "top_p": [0, 1.5, "x", True, -1],
+    "n": [2, 5, "1"], "presence_penalty": [0.5, "x"], "frequency_penalty": [-1],
+    "logit_bias": [{"5": 1}], "logprobs": [True, 2],
+    "stream": ["yes", 2, [], {}], "stream_options": [{"include_usage": True}],
+    "stop": [["a", "b", "c", "d", "e"], [1], "", [""], {}, 5, [["x"]], ("raw", DEEP)],
+    "seed": [-1, "x", 1.5, 2**63, True],
+    "priority": [-1, "hi", 2**70], "timeout": [-5, "soon", 1.5],
+    "frobnicate": [1, None],
+}
+BAD_OPENAI_COMPLETIONS: dict[str, list[Any]] = {
+    "prompt": [DROP, None, 5, [], ["a", "b"], {"a": 1}, [1], True, ("raw", DEEP)],
+    "echo": [True], "best_of": [2], "suffix": ["x"],
+    "messages": [[{"role": "user", "content": "a"}]],
+}
+BAD_OPENAI_CHAT: dict[str, list[Any]] = {
+    "messages": [DROP, None, [], "hi", [{"role": "robot", "content": "a"}],
+                 [{"content": "a"}], [{"role": "user", "content": 5}], ["a"], [None],
+                 [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}],
+                 ("raw", DEEP)],
+    "tools": [[{"type": "function"}]], "tool_choice": ["auto"], "top_logprobs": [3],
+    "response_format": [{"type": "json_object"}, "json"], "max_completion_tokens": [0, "9"],
+    "prompt": ["x"],
+}
+BAD_OPENAI_RAW = ['{"model": "@GEN@"', "[]", "", '"x"', "null", '{"model": "@GEN@",}',
+                  '{"model": "@GEN@", "prompt": "a", "prompt": 5}']
+
+
+def _openai_path(chat: bool) -> str:
+    return "/v1/chat/completions" if chat else "/v1/completions"
+
+
+def openai_case(chat: bool, key: str, value: Any, t: Target) -> Case:
+    """A valid OpenAI request for `t`'s generative model with `key` set to `value`."""
+    doc: dict[str, Any] = {"model": t.generate_model, "max_tokens": 3}
+    if chat:
+        doc["messages"] = [{"role": "user", "content": "a"}]
+    else:
+        doc["prompt"] = "a"
+    raw = None
+    if value is DROP:
+        del doc[key]
+    else:
+        if isinstance(value, str):
+            value = value.replace("@GEN@", t.generate_model).replace("@INFER@", t.infer_model)
+        elif value == ["@GEN@"]:
+            value = [t.generate_model]
+        raw = _set(doc, key, value)
+    return Case(f"openai.{key}", "POST", _openai_path(chat), (), _raw(doc, raw))
+
+
+def openai_raw_case(chat: bool, raw: str, t: Target) -> Case:
+    return Case("openai-raw", "POST", _openai_path(chat), (),
+                raw.replace("@GEN@", t.generate_model).encode())
+
+
+def openai_tables(chat: bool) -> dict[str, list[Any]]:
+    return {**BAD_OPENAI_COMMON, **(BAD_OPENAI_CHAT if chat else BAD_OPENAI_COMPLETIONS)}
+
+
+def openai(rng: random.Random, t: Target) -> Case:
+    """One OpenAI request that the API refuses."""
+    chat = rng.random() < 0.5
+    if rng.random() < 0.08:
+        return openai_raw_case(chat, rng.choice(BAD_OPENAI_RAW), t)
+    table = openai_tables(chat)
+    key = rng.choice(sorted(table))
+    return openai_case(chat, key, rng.choice(table[key]), t)
+
+
+def every_corruption(t: Target) -> list[Case]:
+    """Each infer, generate and OpenAI body corruption once: the claim that each alone is
+    refused (the seeded draw reaches a sample of them)."""
+    out = []
+    for table, where in ((BAD_FIELD, "input"), (BAD_TOP, "top")):
+        for key, values in sorted(table.items()):
+            for value in values:
+                doc = _valid_infer(random.Random(0))
+                raw = _set(doc["inputs"][0] if where == "input" else doc, key, value)
+                out.append(Case(f"{where}.{key}", "POST", f"/v2/models/{t.infer_model}/infer",
+                                (), _raw(doc, raw)))
+    out += [Case("generate", "POST", f"/v2/models/{t.generate_model}/{suffix}", (),
+                 doc[1].encode() if isinstance(doc, tuple) else _raw(doc))
+            for doc in BAD_GENERATE for suffix in ("generate", "generate_stream")]
+    for chat in (False, True):
+        out += [openai_case(chat, key, value, t)
+                for key, values in sorted(openai_tables(chat).items()) for value in values]
+        out += [openai_raw_case(chat, raw, t) for raw in BAD_OPENAI_RAW]
+    return out
 
 
 # --- headers, paths, methods ----------------------------------------------------------------
@@ -223,6 +325,8 @@ def _case(rng: random.Random, t: Target) -> Case:
         kind, body, headers = infer_binary(rng)
     elif roll < 0.57:
         kind, body, headers = infer_encoded(rng)
+    elif roll < 0.64:
+        return openai(rng, t)
     elif roll < 0.72:
         kind, body, headers = generate(rng)
         suffix = rng.choice(["generate", "generate_stream"])

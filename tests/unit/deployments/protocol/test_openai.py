@@ -85,6 +85,19 @@ def test_what_cannot_be_honoured_is_refused_naming_its_field(doc, param, code):
     assert e.http_status == 400
 
 
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+    "json", {}])
+def test_a_response_format_other_than_text_is_refused_not_ignored(fmt):
+    # a client asking for JSON would otherwise get free text, with a 200
+    messages = [{"role": "user", "content": "x"}]
+    e = refusal({"model": "m", "messages": messages, "response_format": fmt}, chat=True)
+    assert (e.param, e.code) == ("response_format", "unsupported_value"), str(e)
+    plain = req({"model": "m", "messages": messages, "response_format": {"type": "text"}},
+                chat=True)
+    assert plain.prompt == "user: x\nassistant:"
+
+
 @pytest.mark.parametrize("messages, param", [
     ([], "messages"),
     ("hi", "messages"),
