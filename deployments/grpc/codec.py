@@ -24,7 +24,7 @@ import numpy as np
 from batching.errors import InvalidRequest
 from cluster.config import TensorConfig
 from deployments.protocol import PayloadTooLarge
-from deployments.protocol.binary import decode_binary, encode_binary, num_elements
+from deployments.protocol.binary import check_dims, decode_binary, encode_binary, num_elements
 from deployments.protocol.datatypes import NUMPY_DTYPES, check_datatype, datatype_of
 from deployments.protocol.request import InferRequest, RequestedOutput
 from deployments.protocol.wording import unexpected_input, wrong_datatype
@@ -95,6 +95,7 @@ def input_shape(shape: Any, where: str) -> list[int]:
     if any(d < 0 for d in dims):
         raise InvalidRequest(f"{where} has shape {dims} with a negative dim; a request gives "
                              "the actual size of every dim")
+    check_dims(dims, where)
     return dims
 
 

@@ -59,6 +59,20 @@ def num_elements(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
+# No array has dims whose product passes this, zero dims aside (numpy refuses to make one
+# whose size in bytes, were its zero dims not there, would pass its index type).
+MAX_DIMS_PRODUCT = 2**60
+
+
+def check_dims(shape: Sequence[int], where: str) -> None:
+    """Refuse a request's shape that no array can have. Only a shape with a zero dim gets
+    here past the size limits (its element count is 0): [0, 2**62] holds nothing, but
+    numpy cannot shape even an empty array so."""
+    if math.prod(d for d in shape if d) > MAX_DIMS_PRODUCT:
+        raise InvalidRequest(f"{where} has shape {shown(list(shape))}: its dims multiply past "
+                             "what an array can hold; give the actual size of every dim")
+
+
 def decode_binary(raw: memoryview, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
     """A tensor from its bytes in the binary extension; `raw` is exactly its `binary_data_size`."""
     expected = num_elements(shape)
@@ -200,6 +214,7 @@ def _check_shape(shape: Any, tensor: TensorSpec, where: str, model: str) -> list
             f"{where} has shape {shown(shape)} with a negative dim; a request gives the actual "
             "size of every dim (-1 is only for model metadata)"
         )
+    check_dims(shape, where)
     expected = tensor.shape
     if len(shape) != len(expected) or any(
             want not in (-1, got) for got, want in zip(shape, expected)):

@@ -13,7 +13,9 @@ import pytest
 from batching.errors import InvalidRequest
 from deployments.protocol import (
     INFER_HEADER_LENGTH,
+    ModelSpec,
     PayloadTooLarge,
+    TensorSpec,
     check_content_length,
 )
 from tests.unit.deployments.protocol.oip_cases import (
@@ -139,6 +141,20 @@ def _binary_request(sizes: dict[str, int], extra: bytes = b"", header_delta: int
             entry["parameters"]["binary_data_size"] = sizes[entry["name"]]
     head = json.dumps(doc).encode()
     return head + body[json_size:] + extra, {INFER_HEADER_LENGTH: str(len(head) + header_delta)}
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62], [3, 0, 2**61], [0, 2**31, 2**31]])
+@pytest.mark.parametrize("binary", [False, True])
+def test_an_empty_tensor_whose_dims_no_array_can_have_is_a_400(shape, binary):
+    # it holds nothing, so it passes the size limits; numpy cannot shape it (a 500 once)
+    spec = ModelSpec("g", inputs=[TensorSpec("grid", "FP32", [-1] * len(shape))],
+                     outputs=[TensorSpec("y", "FP32", [-1])], max_batch_size=0)
+    entry = {"name": "grid", "datatype": "FP32", "shape": shape}
+    entry.update({"parameters": {"binary_data_size": 0}} if binary else {"data": []})
+    body = json.dumps({"inputs": [entry]}).encode()
+    headers = {INFER_HEADER_LENGTH: str(len(body))} if binary else {}
+    with pytest.raises(InvalidRequest, match="its dims multiply past what an array can hold"):
+        parse(body, headers, spec=spec)
 
 
 def test_binary_size_not_matching_the_shape():
