@@ -74,13 +74,13 @@ def generate_request(request_id: Any, prompt: Any,
         raise InvalidRequest(f"parameter 'stop' must be a non-empty string or a list of them, "
                              f"got {stop!r}")
     priority = params.get("priority")
-    if priority is not None and (not isinstance(priority, int) or priority < 0):
+    if priority is not None and (not _is_uint(priority)):
         raise InvalidRequest(f"parameter 'priority' must be a non-negative integer, "
                              f"got {priority!r}")
     timeout_s = params.get("timeout_s")
     if "timeout" in params:
         us = params["timeout"]
-        if not isinstance(us, int) or us < 0:
+        if not _is_uint(us):
             raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer in "
                                  f"microseconds, got {us!r}")
         timeout_s = us / 1e6 if us else None
@@ -88,6 +88,11 @@ def generate_request(request_id: Any, prompt: Any,
                                               params.get("seed"))
     return GenerateRequest(request_id, prompt, max_tokens, tuple(stop), priority or None,
                            timeout_s, temperature=temperature, top_p=top_p, seed=seed)
+
+
+def _is_uint(value: Any) -> bool:
+    """A non-negative integer; true and false are not (as for infer's parameters)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def event_json(event: Any) -> dict[str, Any]:

@@ -169,6 +169,8 @@ BAD_GENERATE: list[Any] = [
     {"text_input": "a", "parameters": {"top_p": 0}},
     {"text_input": "a", "parameters": {"seed": -1}},
     {"text_input": "a", "parameters": {"priority": -2}},
+    {"text_input": "a", "parameters": {"priority": True}},
+    {"text_input": "a", "parameters": {"timeout": True}},
     {"text_input": "a", "parameters": {"timeout": "soon"}},
     {"text_input": "a", "max_tokens": 2, "parameters": {"max_tokens": 3}},
     {"text_input": "a", "id": 7},
