@@ -265,12 +265,11 @@ class Ingress(GrpcIngress):
         """Many requests in one handle call (what `RaybatchClient` sends); each entry
         comes back as its outputs or as the exception that ended it."""
         route = self.backend.get(model).route
-        params = parameters or {}
+        priority, timeout_s, _ = route.parameters(parameters)
         futs = []
         for inputs in bundle:
             try:
-                futs.append(route.run(route.input_array(inputs), params.get("priority"),
-                                      params.get("timeout_s")))
+                futs.append(route.run(route.input_array(inputs), priority, timeout_s))
             except RaybatchError as e:
                 futs.append(_raise(e))
         return list(await asyncio.gather(*futs, return_exceptions=True))

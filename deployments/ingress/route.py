@@ -24,6 +24,7 @@ batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -200,15 +201,42 @@ class ModelRoute:
 
     async def infer(self, inputs: dict[str, np.ndarray],
                     parameters: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Handle-API parameters: priority, timeout_s, and for stateful models
-        sequence_id, sequence_start, sequence_end."""
-        params = parameters or {}
-        sequence = None
-        if params.get("sequence_id") is not None:
-            sequence = (params["sequence_id"], params.get("sequence_start", False),
-                        params.get("sequence_end", False))
-        return await self.run(self.input_array(inputs), params.get("priority"),
-                              params.get("timeout_s"), sequence)
+        """Handle-API parameters (`HANDLE_PARAMETERS`): priority, timeout_s, and for
+        stateful models sequence_id, sequence_start, sequence_end."""
+        priority, timeout_s, sequence = self.parameters(parameters)
+        return await self.run(self.input_array(inputs), priority, timeout_s, sequence)
+
+    def parameters(self, params: Any) -> tuple[int | None, float | None,
+                                                 tuple[Any, bool, bool] | None]:
+        """(priority, timeout_s, sequence) of a handle call's parameters, checked as the
+        HTTP and gRPC requests' are (InvalidRequest saying what to send): a misspelt
+        name is refused, not ignored (`timeout`, HTTP's microseconds, would be no timeout)."""
+        if params is None:
+            return None, None, None
+        if not isinstance(params, dict):
+            raise self._invalid(f"parameters must be a dict of {list(HANDLE_PARAMETERS)}, "
+                                f"got {type(params).__name__}")
+        unknown = sorted(map(str, set(params) - set(HANDLE_PARAMETERS)))
+        if unknown:
+            hint = (" ('timeout' is HTTP's, in microseconds: here timeout_s, in seconds)"
+                    if "timeout" in unknown else "")
+            raise self._invalid(f"unknown parameter(s) {unknown}{hint}: a handle call takes "
+                                f"{list(HANDLE_PARAMETERS)}")
+        priority, timeout_s = params.get("priority"), params.get("timeout_s")
+        if priority is not None and not _is_uint(priority):
+            raise self._invalid(f"priority must be a non-negative integer (1 = highest, "
+                                f"0 = default), got {priority!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+                timeout_s, (int, float)) or not 0 <= timeout_s < math.inf):
+            raise self._invalid(f"timeout_s must be a non-negative number of seconds "
+                                f"(0: none), got {timeout_s!r}")
+        flags = [params.get(f, False) for f in ("sequence_start", "sequence_end")]
+        if not all(isinstance(f, bool) for f in flags):
+            raise self._invalid(f"sequence_start and sequence_end must be True or False, "
+                                f"got {flags[0]!r} and {flags[1]!r}")
+        sequence_id = params.get("sequence_id")
+        sequence = None if sequence_id is None else (sequence_id, *flags)
+        return priority, timeout_s, sequence
 
     def generate_stream(self, prompt: Any, params: dict[str, Any] | None = None
                         ) -> AsyncIterator[dict[str, Any]]:
@@ -232,6 +260,13 @@ class ModelRoute:
                        ) -> dict[str, Any]:
         """A whole generation: {"text_output", "finish_reason", "num_tokens", ...}."""
         return await collect(self.generate_stream(prompt, params))
+
+
+HANDLE_PARAMETERS = ("priority", "timeout_s", "sequence_id", "sequence_start", "sequence_end")
+
+
+def _is_uint(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def hard_timeout(policy: Any) -> Callable[[Any, float | None], float | None]:

@@ -70,3 +70,36 @@ def test_codec_decoded_inputs_keep_the_item_limit():
     with pytest.raises(InvalidRequest, match=r"carries 3 items.*at most 2 per request") as e:
         route.decoded_array({"INPUT0": np.zeros(3, np.float32)}, 3)
     assert http_status(e.value) == 413
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"timeout": 5_000_000}, r"unknown parameter\(s\) \['timeout'\] \('timeout' is HTTP's"),
+    ({"priorty": 1}, r"unknown parameter\(s\) \['priorty'\]: a handle call takes"),
+    ([("priority", 1)], "parameters must be a dict"),
+    ({"priority": "high"}, "priority must be a non-negative integer"),
+    ({"priority": 1.5}, "priority must be a non-negative integer"),
+    ({"priority": True}, "priority must be a non-negative integer"),
+    ({"priority": -1}, "priority must be a non-negative integer"),
+    ({"timeout_s": "5"}, "timeout_s must be a non-negative number"),
+    ({"timeout_s": -1}, "timeout_s must be a non-negative number"),
+    ({"timeout_s": float("nan")}, "timeout_s must be a non-negative number"),
+    ({"timeout_s": float("inf")}, "timeout_s must be a non-negative number"),
+    ({"timeout_s": True}, "timeout_s must be a non-negative number"),
+    ({"sequence_id": 3, "sequence_start": "yes"}, "sequence_start and sequence_end must be"),
+    ({"sequence_id": 3, "sequence_end": 1}, "sequence_start and sequence_end must be"),
+])
+def test_handle_parameters_are_checked_as_a_request_s_are(params, message):
+    # a typo or a wrong type was ignored, or failed deep in the engine with a TypeError
+    route = ModelRoute(config(), [lambda: None])
+    with pytest.raises(InvalidRequest, match=message) as e:
+        route.parameters(params)
+    assert http_status(e.value) == 400
+
+
+def test_good_handle_parameters_come_back_as_the_engine_takes_them():
+    route = ModelRoute(config(), [lambda: None])
+    assert route.parameters(None) == (None, None, None)
+    assert route.parameters({}) == (None, None, None)
+    assert route.parameters({"priority": 2, "timeout_s": 0.5}) == (2, 0.5, None)
+    assert route.parameters({"timeout_s": 0, "sequence_id": "s", "sequence_start": True}) == \
+        (None, 0, ("s", True, False))
