@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -78,6 +79,10 @@ def generate_request(request_id: Any, prompt: Any,
         raise InvalidRequest(f"parameter 'priority' must be a non-negative integer, "
                              f"got {priority!r}")
     timeout_s = params.get("timeout_s")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
+            timeout_s, (int, float)) or not 0 <= timeout_s < math.inf):
+        raise InvalidRequest(f"parameter 'timeout_s' must be a non-negative number of "
+                             f"seconds, got {timeout_s!r}")
     if "timeout" in params:
         us = params["timeout"]
         if not _is_uint(us):

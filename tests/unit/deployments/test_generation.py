@@ -132,6 +132,9 @@ def test_bad_parameters_fail_before_any_call():
 @pytest.mark.parametrize("params, words", [
     ({"max_tokens": "3"}, "max_tokens"), ({"stop": ""}, "stop"), ({"stop": [1]}, "stop"),
     ({"priority": -1}, "priority"), ({"timeout": 1.5}, "microseconds"),
+    ({"priority": True}, "priority"), ({"timeout": True}, "microseconds"),
+    ({"timeout_s": "5"}, "timeout_s"), ({"timeout_s": -1}, "timeout_s"),
+    ({"timeout_s": float("nan")}, "timeout_s"), ({"timeout_s": False}, "timeout_s"),
 ])
 def test_generate_request_checks_each_parameter(params, words):
     with pytest.raises(InvalidRequest, match=words):
