@@ -2,7 +2,8 @@
 config, the plans) and `deployments` (the app), and nothing below imports it.
 
     main.py       the parser, one subcommand per job, each imported when it runs
-    serving.py    up, status: bring the app up on Ray, look at it
+    serving.py    up: bring the app up on Ray
+    status.py     status: the running app's models, replicas, queues, batch statistics
     startup.py    up's deploy progress (what is pending, why) and its stop (Ctrl-C once, twice)
     runs.py       down, and what a killed up left behind: run records, ports, leftovers
     join.py       join: start this machine as a Ray node with its NUMA resources

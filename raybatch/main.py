@@ -62,8 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     join.set_defaults(func=_lazy("raybatch.join:join"))
 
     st = sub.add_parser("status", help="models, replicas, queue depths, batch statistics")
-    serving.add_status_arguments(st)
-    st.set_defaults(func=_lazy("raybatch.serving:status"))
+    from raybatch import status as status_cli
+
+    status_cli.add_status_arguments(st)
+    st.set_defaults(func=_lazy("raybatch.status:status"))
 
     build = sub.add_parser("build", help="render a self-contained Serve config for serve deploy")
     build.add_argument("--config", help="YAML config (default: the bundled demo)")
@@ -108,11 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cluster.modelpath import ConfigError
     from cluster.rayauth import AuthError
+    from raybatch.status import StatusError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, AuthError) as e:  # the message says what to fix, not a traceback
+    except (ConfigError, AuthError, StatusError) as e:  # says what to fix, not a traceback
+        print(f"raybatch {args.command}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file it was told to write or read, a port: the system's words
         print(f"raybatch {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -1,5 +1,5 @@
-"""`raybatch up` and `status`: bring the app up on Ray, look at it (`join`, which adds
-nodes, is in `raybatch.join`).
+"""`raybatch up`: bring the app up on Ray (`status`, which looks at it, is in
+`raybatch.status`; `join`, which adds nodes, in `raybatch.join`).
 
 `up` starts a local Ray in this process (the embedded default) or joins one
 (`--address`), deploys the app from the config, prints the URLs and an example
@@ -9,9 +9,7 @@ batching and replica actor. A local Ray it starts advertises this machine's
 `raybatch join` starts `ray start` on another machine with its own. Without `--address`
 the local Ray is always a new one of its own (`ray.init(address="local")`), never a
 cluster that `ray.init` would find by itself ($RAY_ADDRESS, or one that `ray start`
-recorded on this machine): joining one takes `--address`. `status` asks the
-running app's ingress for each model's replicas (node, CPUs, NUMA node, GPUs),
-queue depth and batch statistics.
+recorded on this machine): joining one takes `--address`.
 """
 
 from __future__ import annotations
@@ -26,6 +24,21 @@ from typing import Any
 from cluster.rayauth import add_token_file_argument, connect_here
 
 
+def port_number(none: bool = False) -> Any:
+    """An argparse type: a TCP port, 1..65535 (0 too, meaning none, where `none`)."""
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not (0 if none else 1) <= value <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a port: give 1..65535{', or 0 for none' if none else ''}")
+        return value
+
+    return port
+
+
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: the bundled demo)")
     p.add_argument("--address", help="join this Ray cluster instead of starting a local one "
@@ -33,16 +46,17 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                                       "`raybatch join`)")
     add_token_file_argument(p)
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
-    p.add_argument("--port", type=int, help="HTTP port (default: the config's ingress.port)")
-    p.add_argument("--native-port", type=int, metavar="PORT",
+    p.add_argument("--port", type=port_number(),
+                   help="HTTP port (default: the config's ingress.port)")
+    p.add_argument("--native-port", type=port_number(none=True), metavar="PORT",
                    help="port of Raybatch's own HTTP server in the ingress replicas, 0 for "
                         "none (default: the config's ingress.native_port)")
-    p.add_argument("--grpc-port", type=int,
+    p.add_argument("--grpc-port", type=port_number(),
                    help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
     p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those Ray "
                                                  "finds)")
-    p.add_argument("--metrics-port", type=int,
+    p.add_argument("--metrics-port", type=port_number(),
                    help="port of the local Ray's Prometheus metrics, raybatch_* included "
                         "(default: one Ray picks; printed)")
     p.add_argument("--sysfs-root", metavar="DIR",
@@ -75,7 +89,7 @@ def local_or(address: str | None) -> str:
 
 def up(args: argparse.Namespace) -> int:
     from cluster.config import load_default
-    from raybatch.startup import Stopper, fits_as_asked, fits_cluster, start_local_ray, stop
+    from raybatch.startup import Stopper, fits_as_asked, start_local_ray, stop
 
     stopper = Stopper()
     stopper.install()  # Ctrl-C works from here on: once to stop, twice to stop at once
@@ -105,7 +119,7 @@ def up(args: argparse.Namespace) -> int:
         if auth_note:
             print(auth_note, flush=True)
     if not args.address:
-        _quiet_token_auth_notice()
+        quiet_token_auth_notice()
         # before Ray starts: refused in a second (and before the imports' thread starts:
         # an exit while it imports can abort the interpreter)
         if not fits_as_asked(config, args.num_cpus, args.num_gpus):
@@ -130,6 +144,19 @@ def up(args: argparse.Namespace) -> int:
         preload.join()  # an exit while it imports can abort the interpreter
         raise
     stopper.install()  # again: ray.init sets a SIGTERM handler of its own
+    try:
+        return _serve(args, config, local, host, port, grpc_port, preload, stopper)
+    except Exception:  # an unexpected failure (raised on): nothing it started outlives it
+        stop(config.app_name, local, ingress.stop_timeout_s, stopper)
+        raise
+
+
+def _serve(args: argparse.Namespace, config: Any, local: bool, host: str, port: int,
+           grpc_port: int | None, preload: threading.Thread, stopper: Any) -> int:
+    """`up` once Ray runs: deploy, welcome, wait for Ctrl-C, stop."""
+    from raybatch.startup import fits_cluster, stop
+
+    ingress = config.ingress
     preload.join()
     from ray import serve  # imported by now (else here, raising what the import raises)
 
@@ -205,18 +232,7 @@ def _import_in_background(*modules: str) -> threading.Thread:
     return thread
 
 
-def patient_router() -> None:
-    """`status` asks the ingress once: it can give it 1 s, not Serve's 0.1 s, to say its
-    queue length (set before Serve's import), and Serve's WARNING that one was slower (a
-    loaded ingress) is not for the people reading its output."""
-    import logging
-
-    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
-    logging.getLogger("ray.serve").addFilter(
-        lambda record: not record.getMessage().startswith("Failed to get queue length"))
-
-
-def _quiet_token_auth_notice() -> None:
+def quiet_token_auth_notice() -> None:
     """Ray turns token authentication on for every new local cluster and logs a WARNING
     saying so at each start; it is not a problem (the welcome says where the token is),
     so that one record is dropped. Ray's other warnings pass."""
@@ -361,79 +377,3 @@ def _example_input(tensor: Any) -> dict[str, Any]:
         1.0 if tensor.datatype.startswith("FP") else 1)
     return {"name": tensor.name, "datatype": tensor.datatype, "shape": shape,
             "data": [value] * math.prod(shape)}
-
-
-def add_status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
-    p.add_argument("--app", default="raybatch", help="application name")
-    add_token_file_argument(p)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--watch", action="store_true",
-                   help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
-                        "queue wait, replicas (Ctrl-C stops)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S",
-                   help="seconds between refreshes of --watch (default: 2)")
-    p.add_argument("--count", type=int, default=0, metavar="N",
-                   help="stop --watch after N frames (default: 0, never)")
-
-
-def status(args: argparse.Namespace) -> int:
-    patient_router()
-    if args.watch:
-        from raybatch.watch import run
-
-        return run(args)
-    import ray
-    from ray import serve
-
-    from raybatch.nodes import fetch_annotated, ingress_lines, placement_lines
-
-    _quiet_token_auth_notice()
-    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
-    ray.init(address=args.address, log_to_driver=False)
-    stats = serve.get_app_handle(args.app).status.remote().result(timeout_s=30)
-    stats = fetch_annotated(stats, args.app)  # the node of each replica and actor
-    if args.json:
-        print(json.dumps(stats, indent=2, default=str))
-        return 0
-    for model, s in stats.items():
-        for line in _summary(model, s):
-            print(line)
-        for r in s["replica_info"]:
-            pinned = "in process" if r.get("in_process") else \
-                "pinned" if r.get("pinned") else "unpinned"
-            if r.get("read_ahead"):
-                pinned += ", reads ahead"
-            host = f" (host {r['node_ip']})" if r.get("node_ip") else ""
-            where = (f"node {(r.get('node_id') or '?')[:8]} cpus {r.get('cpus')} "
-                     f"numa {_dash(r.get('numa_node'))} {pinned} gpus {r.get('gpus')}{host}")
-            ready = (f", ready in {r['ready_s']:.2f} s (setup {r.get('setup_s', 0):.2f}, "
-                     f"warm-up {r.get('warmup_s', 0):.2f})" if "ready_s" in r else "")
-            print(f"  replica-{r['index']}: {r['state']}, {where}, "
-                  f"{r.get('outstanding_batches', 0)} outstanding{ready}")
-        for line in placement_lines(s):  # the batching actors' nodes
-            print(line)
-    for line in ingress_lines(stats):
-        print(line)
-    return 0
-
-
-def _summary(model: str, s: dict[str, Any]) -> list[str]:
-    """Two lines on a model's queue and batches, in its engine's terms."""
-    kind = s.get("kind", "dynamic")
-    if kind == "iterative":
-        return [f"{model}: {s['replicas']} replicas, {s['waiting']} waiting, {s['active']} "
-                f"generating, {s['inflight_steps']} steps in flight",
-                f"  {s['steps']} steps, {s['mean_active_per_step']} sequences per step, "
-                f"{s['completed']} completed, {s['cancelled']} cancelled"]
-    head = (f"{model}: {s['replicas']} replicas, queued {s['queued_requests']} requests"
-            + (f" ({s['queued_items']} items)" if "queued_items" in s else "")
-            + f", {s['inflight_batches']} batches in flight")
-    if kind == "sequence":
-        head += f", {s['live_sequences']} live sequences"
-    return [head, f"  {s['batches']} batches, mean size {s.get('mean_batch_size')}, "
-                  f"sent because {s['by_reason']}"]
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None else str(value)

@@ -73,7 +73,7 @@ def test_status_keeps_serves_queue_length_warning_out_of_its_output(monkeypatch,
     import logging
     import os
 
-    from raybatch.serving import patient_router
+    from raybatch.status import patient_router
 
     monkeypatch.delenv("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", raising=False)
     logger = logging.getLogger("ray.serve")

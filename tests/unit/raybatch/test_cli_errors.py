@@ -1,0 +1,88 @@
+"""The command line's wrong input and failures: a line saying what to fix and a non-zero
+exit, never a traceback, and an `up` that fails once its Ray runs stops that Ray. No Ray
+here: where a command would reach one, the call it makes is replaced."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from raybatch.main import build_parser, main
+
+
+@pytest.mark.parametrize("args", [
+    ["up", "--port", "-5"], ["up", "--port", "99999"], ["up", "--port", "http"],
+    ["up", "--grpc-port", "0"], ["up", "--metrics-port", "70000"],
+    ["up", "--native-port", "-1"],
+])
+def test_a_port_out_of_range_is_refused_before_anything_starts(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(args)
+    assert e.value.code == 2
+    assert "is not a port: give 1..65535" in capsys.readouterr().err
+
+
+def test_native_port_0_still_means_none():
+    assert build_parser().parse_args(["up", "--native-port", "0"]).native_port == 0
+
+
+def test_a_file_that_cannot_be_written_is_a_line_not_a_traceback(tmp_path, capsys):
+    where = tmp_path / "no-such-folder" / "app.py"
+    assert main(["build", "-o", str(where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raybatch build: ") and "No such file or directory" in err
+    assert "Traceback" not in err
+
+
+def test_status_without_a_cluster_says_so(monkeypatch, capsys):
+    import ray
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "raybatch status: no Ray cluster to ask" in err and "raybatch up" in err
+
+
+def test_status_of_an_app_that_is_not_there_says_so(monkeypatch, capsys):
+    import ray
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    def no_app(name):
+        raise RayServeException(f"Application '{name}' does not exist.")
+
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    monkeypatch.setattr(serve, "get_app_handle", no_app)
+    assert main(["status", "--app", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Application 'nope' does not exist" in err and "--app names the app" in err
+
+
+def test_an_up_that_fails_once_its_ray_runs_stops_what_it_started(monkeypatch, tmp_path):
+    from raybatch import serving, startup
+
+    stopped = []
+    # nothing of this process's own is changed: its signal handlers, Serve's environment
+    monkeypatch.setattr(startup.Stopper, "install", lambda self: None)
+    monkeypatch.setattr(serving, "serve_environment_here", lambda config, local: {})
+    monkeypatch.setattr(serving, "_claim_ports", lambda ports, config: SimpleNamespace())
+    monkeypatch.setattr(startup, "fits_as_asked", lambda *a: True)
+    monkeypatch.setattr(startup, "start_local_ray", lambda init, stopper, **options: None)
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    monkeypatch.setattr(serving, "_import_in_background", lambda *modules: done)
+    monkeypatch.setattr(startup, "stop", lambda *a, **k: stopped.append(a[0]) or 0)
+
+    def broken(*args):
+        raise RuntimeError("Serve's proxy did not start")
+
+    monkeypatch.setattr(serving, "_serve", broken)
+    args = build_parser().parse_args(["up", "--sysfs-root", str(tmp_path)])
+    with pytest.raises(RuntimeError, match="proxy did not start"):
+        serving.up(args)
+    assert stopped == ["raybatch"]  # the demo's app, its Serve and its Ray
