@@ -2,6 +2,7 @@
 config, the plans) and `deployments` (the app), and nothing below imports it.
 
     main.py       the parser, one subcommand per job, each imported when it runs
+    args.py       argument types: ports, positive numbers, refused before anything starts
     serving.py    up: bring the app up on Ray
     status.py     status: the running app's models, replicas, queues, batch statistics
     startup.py    up's deploy progress (what is pending, why) and its stop (Ctrl-C once, twice)

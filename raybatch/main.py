@@ -40,6 +40,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from raybatch import serving
+    from raybatch.args import non_negative, positive
 
     parser = argparse.ArgumentParser(prog="raybatch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", help="stop every local `raybatch up` and end what a killed "
                                        "one left behind (HAProxy, Ray's processes)")
-    down.add_argument("--timeout", type=float, default=20.0, metavar="S",
+    down.add_argument("--timeout", type=non_negative(), default=20.0, metavar="S",
                       help="seconds a running `up` gets to stop before it is killed")
     down.set_defaults(func=_lazy("raybatch.runs:down"))
 
@@ -81,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
     demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
-    demo.add_argument("--concurrency", type=int, default=64, help="concurrent clients")
-    demo.add_argument("--seconds", type=float, default=5.0, help="how long to send load")
-    demo.add_argument("--max-batch-size", type=int, default=64)
-    demo.add_argument("--max-queue-delay-ms", type=float, default=2.0)
+    demo.add_argument("--concurrency", type=positive(int), default=64,
+                      help="concurrent clients")
+    demo.add_argument("--seconds", type=positive(), default=5.0, help="how long to send load")
+    demo.add_argument("--max-batch-size", type=positive(int), default=64)
+    demo.add_argument("--max-queue-delay-ms", type=non_negative(), default=2.0)
     demo.set_defaults(func=_lazy("raybatch.demo:run_demo"))
 
     sim = sub.add_parser("simulate", help="predict throughput and latency of a policy")

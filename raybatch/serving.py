@@ -22,21 +22,7 @@ import threading
 from typing import Any
 
 from cluster.rayauth import add_token_file_argument, connect_here
-
-
-def port_number(none: bool = False) -> Any:
-    """An argparse type: a TCP port, 1..65535 (0 too, meaning none, where `none`)."""
-    def port(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if not (0 if none else 1) <= value <= 65535:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a port: give 1..65535{', or 0 for none' if none else ''}")
-        return value
-
-    return port
+from raybatch.args import port_number
 
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from cluster.rayauth import add_token_file_argument, connect_here
+from raybatch.args import non_negative, positive
 from raybatch.serving import quiet_token_auth_notice
 
 
@@ -38,9 +39,9 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true",
                    help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
                         "queue wait, replicas (Ctrl-C stops)")
-    p.add_argument("--interval", type=float, default=2.0, metavar="S",
+    p.add_argument("--interval", type=positive(), default=2.0, metavar="S",
                    help="seconds between refreshes of --watch (default: 2)")
-    p.add_argument("--count", type=int, default=0, metavar="N",
+    p.add_argument("--count", type=non_negative(int), default=0, metavar="N",
                    help="stop --watch after N frames (default: 0, never)")
 
 

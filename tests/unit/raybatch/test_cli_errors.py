@@ -24,6 +24,23 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(args, capsys):
     assert "is not a port: give 1..65535" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, words", [
+    (["demo", "--concurrency", "0"], "give an integer above 0"),
+    (["demo", "--seconds", "-1"], "give a number above 0"),
+    (["demo", "--seconds", "nan"], "give a number above 0"),
+    (["demo", "--max-batch-size", "0"], "give an integer above 0"),
+    (["demo", "--max-queue-delay-ms", "-5"], "give a number 0 or more"),
+    (["status", "--watch", "--interval", "0"], "give a number above 0"),
+    (["status", "--count", "-1"], "give an integer 0 or more"),
+    (["down", "--timeout", "inf"], "give a number 0 or more"),
+])
+def test_a_number_out_of_its_range_is_refused_by_the_parser(args, words, capsys):
+    # the demo ran and failed with numpy's IndexError, or pydantic's traceback
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(args)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_native_port_0_still_means_none():
     assert build_parser().parse_args(["up", "--native-port", "0"]).native_port == 0
 

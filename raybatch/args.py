@@ -1,0 +1,48 @@
+"""Argument types of the command line: a wrong value is refused by argparse, with the
+command's usage and what to give, before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def port_number(none: bool = False) -> Callable[[str], int]:
+    """A TCP port, 1..65535 (0 too, meaning none, where `none`)."""
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not (0 if none else 1) <= value <= 65535:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a port: give 1..65535{', or 0 for none' if none else ''}")
+        return value
+
+    return port
+
+
+def positive(kind: type = float) -> Callable[[str], float]:
+    """A number above 0 (`kind`: int or float)."""
+    return _bounded(kind, lambda v: v > 0, "above 0")
+
+
+def non_negative(kind: type = float) -> Callable[[str], float]:
+    """A number of 0 or more (`kind`: int or float)."""
+    return _bounded(kind, lambda v: v >= 0, "0 or more")
+
+
+def _bounded(kind: type, ok: Callable[[float], bool], words: str) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not ok(value):
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r}: give {what} {words}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
