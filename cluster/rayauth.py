@@ -40,6 +40,11 @@ class AuthError(Exception):
     """The cluster asks for a token that is not here, or refuses the one that is."""
 
 
+class Unreachable(AuthError):
+    """Nothing answered at the cluster's address: a node cannot join it (`ray start` would
+    try again for ever)."""
+
+
 class Reply(enum.Enum):
     """What the head's GCS said to one call."""
 
@@ -149,10 +154,12 @@ Probe = Callable[[str, "str | None", float], Reply]
 
 def cluster_plan(address: str, token_file: str | None = None,
                  environ: Mapping[str, str] = os.environ, home: Path | None = None,
-                 probe: Probe | None = None, timeout_s: float = 10.0) -> AuthPlan:
+                 probe: Probe | None = None, timeout_s: float = 10.0,
+                 must_answer: bool = False) -> AuthPlan:
     """Authentication that matches the cluster at `address` (HOST:PORT of its GCS), for a
     node joining it or a client of it. Raises `AuthError` when the head asks for a token
-    and none is here, or refuses the one found."""
+    and none is here, or refuses the one found; `Unreachable` when nothing answers and
+    `must_answer` (a node joining: else a note, and the client's own connect says more)."""
     probe = probe or probe_gcs
     if environ.get(MODE_ENV) is not None:  # the user's choice, whatever the head says
         token = find_token(token_file, environ, home) if token_file else None
@@ -160,6 +167,10 @@ def cluster_plan(address: str, token_file: str | None = None,
     reply = probe(address, None, timeout_s)
     if reply is Reply.ACCEPTED:  # an open cluster: no token, whatever is on this machine
         return AuthPlan({MODE_ENV: "disabled"})
+    if reply is Reply.UNREACHABLE and must_answer:
+        raise Unreachable(f"nothing answered at {address} in {timeout_s:g} s: start the head "
+                          "there first (`raybatch join --head` or `raybatch up`), and check "
+                          "that this machine reaches its GCS port")
     if reply is Reply.UNREACHABLE:
         return AuthPlan({}, f"note: no answer from {address} in {timeout_s:g} s to ask "
                             "whether it wants a token; going on with Ray's defaults")

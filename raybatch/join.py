@@ -95,7 +95,8 @@ def _auth_plan(args: argparse.Namespace):
     if args.dry_run:
         return rayauth.AuthPlan({})
     address = rayauth.resolve_address(args.address) or args.address
-    return rayauth.cluster_plan(address, args.auth_token_file, timeout_s=JOIN_PROBE_S)
+    return rayauth.cluster_plan(address, args.auth_token_file, timeout_s=JOIN_PROBE_S,
+                                must_answer=True)
 
 
 def _run_node(proc) -> int:

@@ -19,6 +19,7 @@ from cluster.rayauth import (
     AuthError,
     AuthPlan,
     Reply,
+    Unreachable,
     cluster_plan,
     find_token,
     generate_token,
@@ -153,6 +154,14 @@ def test_a_head_that_does_not_answer_leaves_rays_defaults_with_a_note(home):
     plan = cluster_plan("10.0.0.1:6379", environ={}, home=home,
                         probe=FakeHead(SECRET, reachable=False), timeout_s=3)
     assert plan.env == {} and "no answer from 10.0.0.1:6379 in 3 s" in plan.message
+
+
+def test_a_joining_node_is_told_when_nothing_answers_at_the_address(home):
+    # `ray start --address` to it would try again for ever, logging every few seconds
+    with pytest.raises(Unreachable, match=r"nothing answered at 10.0.0.1:6379 in 3 s: start "
+                                          r"the head there first"):
+        cluster_plan("10.0.0.1:6379", environ={}, home=home,
+                     probe=FakeHead(SECRET, reachable=False), timeout_s=3, must_answer=True)
 
 
 def test_with_env_sets_and_unsets():
