@@ -41,8 +41,8 @@ class AuthError(Exception):
 
 
 class Unreachable(AuthError):
-    """Nothing answered at the cluster's address: a node cannot join it (`ray start` would
-    try again for ever)."""
+    """Nothing answered at the cluster's address: a node cannot join it, a client cannot
+    connect (`ray start` and `ray.init` would try again for ever)."""
 
 
 class Reply(enum.Enum):
@@ -159,7 +159,7 @@ def cluster_plan(address: str, token_file: str | None = None,
     """Authentication that matches the cluster at `address` (HOST:PORT of its GCS), for a
     node joining it or a client of it. Raises `AuthError` when the head asks for a token
     and none is here, or refuses the one found; `Unreachable` when nothing answers and
-    `must_answer` (a node joining: else a note, and the client's own connect says more)."""
+    `must_answer` (else a note)."""
     probe = probe or probe_gcs
     if environ.get(MODE_ENV) is not None:  # the user's choice, whatever the head says
         token = find_token(token_file, environ, home) if token_file else None
@@ -245,11 +245,12 @@ def add_token_file_argument(parser, more: str = "") -> None:
 def connect_here(address: str | None, token_file: str | None = None) -> str | None:
     """Before `ray.init(address)` in this process: match the cluster's authentication
     (`cluster_plan`) here and in Ray's cached config; returns the line for the user.
-    A Ray Client address (ray://) or one that names no running cluster is left to Ray."""
+    A Ray Client address (ray://) or one that names no running cluster is left to Ray; an
+    address where nothing answers raises `Unreachable` (`ray.init` would wait for ever)."""
     resolved = resolve_address(address)
     if resolved is None:
         return None
-    plan = cluster_plan(resolved, token_file)
+    plan = cluster_plan(resolved, token_file, must_answer=True)
     if plan.env:
         apply_here(plan)
     return plan.message

@@ -202,3 +202,15 @@ def test_the_probe_calls_nothing_listening_unreachable():
     with socket.socket() as s:  # a port held, never listened on: connections refused
         s.bind(("127.0.0.1", 0))
         assert probe_gcs(f"127.0.0.1:{s.getsockname()[1]}", None, 0.2) is Reply.UNREACHABLE
+
+
+def test_a_client_is_told_when_nothing_answers_where_it_would_connect(monkeypatch):
+    # `raybatch up --address` and `status --address` went on to ray.init, which waits for
+    # ever (watched for 150 s)
+    from cluster import rayauth
+
+    monkeypatch.setattr(rayauth, "probe_gcs", lambda address, token, timeout_s:
+                        Reply.UNREACHABLE)
+    monkeypatch.delenv(MODE_ENV, raising=False)
+    with pytest.raises(Unreachable, match=r"nothing answered at 10\.0\.0\.1:6379 in 10 s"):
+        rayauth.connect_here("10.0.0.1:6379")
