@@ -393,6 +393,11 @@ def load_config(source: str | Path | dict) -> RaybatchConfig:
             data = yaml.safe_load(path.read_text())
         except FileNotFoundError as e:
             raise ConfigError(f"config file {path} does not exist") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): "
+                              "a config is a YAML file") from None
+        except OSError as e:  # a folder, no permission
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path} is not valid YAML: {e}") from e
         where = str(path)

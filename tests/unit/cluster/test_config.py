@@ -56,6 +56,12 @@ def test_files_missing_or_not_yaml(tmp_path):
     broken.write_text("models: [\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(broken)
+    binary = tmp_path / "binary.yaml"  # a UnicodeDecodeError's traceback once
+    binary.write_bytes(b"app_name: x\n\xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(invalid start byte at byte 12\)"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match="cannot be read: Is a directory"):
+        load_config(tmp_path)
 
 
 def test_import_object_says_what_failed():
