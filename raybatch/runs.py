@@ -140,15 +140,18 @@ def kill_now(run_id: str, rescan_s: float = RESCAN_S) -> None:
     """SIGKILL every process of `run_id` at once (a second Ctrl-C), and whatever they
     started meanwhile: a process spawned between the scan and the kill (Serve's HAProxy,
     started by its controller while it deployed) was left holding its ports. Looks again
-    until none is found or `rescan_s` passed."""
-    deadline = time.monotonic() + rescan_s
+    until none is found or `rescan_s` passed since the first kill (at least once more
+    after it, however long a scan takes on a busy machine)."""
+    deadline = None
     while procs := processes_of(run_id):
         for p in procs:
             try:
                 p.kill()
             except psutil.Error:
                 pass
-        if time.monotonic() > deadline:
+        if deadline is None:
+            deadline = time.monotonic() + rescan_s
+        elif time.monotonic() > deadline:
             return
         time.sleep(0.05)
 

@@ -32,9 +32,12 @@ def _carrying_the_id(proc: subprocess.Popen, run_id: str, scan) -> subprocess.Po
 
 def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkeypatch):
     run_id = uuid.uuid4().hex
-    first, other = _start(run_id), _start(uuid.uuid4().hex)
-    late: list[subprocess.Popen] = []
     scan = runs.processes_of
+    # seen by a scan before the kill: under a CPU hog the kill once did not end it (its
+    # wait ran out), most likely because the kill's first scan had not found it
+    first = _carrying_the_id(_start(run_id), run_id, scan)
+    other = _start(uuid.uuid4().hex)
+    late: list[subprocess.Popen] = []
 
     def scan_then_spawn(rid: str) -> list:
         found = scan(rid)
@@ -45,8 +48,8 @@ def test_kill_now_ends_the_runs_processes_and_what_they_started_meanwhile(monkey
     monkeypatch.setattr(runs, "processes_of", scan_then_spawn)
     try:
         runs.kill_now(run_id)
-        assert first.wait(timeout=5) == -9
-        assert late[0].wait(timeout=5) == -9
+        assert first.wait(timeout=30) == -9  # a hang guard: a SIGKILL ends it at once
+        assert late[0].wait(timeout=30) == -9
         assert other.poll() is None  # another run's process is left alone
     finally:
         for p in (first, other, *late):
@@ -78,3 +81,24 @@ def test_down_ends_what_a_dead_run_left_and_forgets_it(tmp_path, monkeypatch, ca
         for p in (left, other):
             p.kill()
             p.wait()
+
+
+def test_kill_now_looks_again_after_its_first_kill_however_slow_the_scan(monkeypatch):
+    # the rescans' time counted from before the first scan: a scan slower than it (a busy
+    # machine) ended the kill before it looked for what started meanwhile
+    clock = iter(range(0, 1000, 5))  # every reading of the clock 5 s after the last
+    monkeypatch.setattr(runs.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(runs.time, "sleep", lambda s: None)
+    killed: list[str] = []
+
+    class Proc:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def kill(self) -> None:
+            killed.append(self.name)
+
+    scans = iter([[Proc("first")], [Proc("late")], []])
+    monkeypatch.setattr(runs, "processes_of", lambda rid: next(scans))
+    runs.kill_now("r", rescan_s=1.0)
+    assert killed == ["first", "late"]
