@@ -53,12 +53,22 @@ def test_a_file_that_cannot_be_written_is_a_line_not_a_traceback(tmp_path, capsy
     assert "Traceback" not in err
 
 
+def _no_auth_probe(monkeypatch) -> None:
+    """`status` asks the cluster it finds about its token first: none here (a Ray running
+    on this machine, such as the integration tests', must not be asked, nor its token
+    auth put in this process's environment)."""
+    from raybatch import status
+
+    monkeypatch.setattr(status, "connect_here", lambda address, token_file: None)
+
+
 def test_status_without_a_cluster_says_so(monkeypatch, capsys):
     import ray
 
     def no_cluster(**kwargs):
         raise ConnectionError("Could not find any running Ray instance.")
 
+    _no_auth_probe(monkeypatch)
     monkeypatch.setattr(ray, "init", no_cluster)
     assert main(["status"]) == 2
     err = capsys.readouterr().err
@@ -73,6 +83,7 @@ def test_status_of_an_app_that_is_not_there_says_so(monkeypatch, capsys):
     def no_app(name):
         raise RayServeException(f"Application '{name}' does not exist.")
 
+    _no_auth_probe(monkeypatch)
     monkeypatch.setattr(ray, "init", lambda **kwargs: None)
     monkeypatch.setattr(serve, "get_app_handle", no_app)
     assert main(["status", "--app", "nope"]) == 2
