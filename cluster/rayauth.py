@@ -167,11 +167,11 @@ def cluster_plan(address: str, token_file: str | None = None,
     reply = probe(address, None, timeout_s)
     if reply is Reply.ACCEPTED:  # an open cluster: no token, whatever is on this machine
         return AuthPlan({MODE_ENV: "disabled"})
-    if reply is Reply.UNREACHABLE and must_answer:
-        raise Unreachable(f"nothing answered at {address} in {timeout_s:g} s: start the head "
-                          "there first (`raybatch join --head` or `raybatch up`), and check "
-                          "that this machine reaches its GCS port")
     if reply is Reply.UNREACHABLE:
+        if must_answer:
+            raise Unreachable(f"nothing answered at {address} in {timeout_s:g} s: start the "
+                              "head there first (`raybatch join --head` or `raybatch up`), "
+                              "and check that this machine reaches its GCS port")
         return AuthPlan({}, f"note: no answer from {address} in {timeout_s:g} s to ask "
                             "whether it wants a token; going on with Ray's defaults")
     token = find_token(token_file, environ, home)

@@ -117,10 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, AuthError, StatusError) as e:  # says what to fix, not a traceback
-        print(f"raybatch {args.command}: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a file it was told to write or read, a port: the system's words
+    # a line that says what to fix, not a traceback (OSError: a file it was told to write
+    # or read, in the system's words)
+    except (ConfigError, AuthError, StatusError, OSError) as e:
         print(f"raybatch {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -24,7 +24,6 @@ batching actor (`deployments.metrics.CallerMetrics`); the actors count the rest.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -38,7 +37,7 @@ from batching.tensors import TensorBatch
 from cluster.config import ModelConfig
 from deployments.ingress.coalesce import Coalescer
 from deployments.metrics import CallerMetrics
-from deployments.protocol.binary import PayloadTooLarge
+from deployments.protocol.binary import PayloadTooLarge, is_seconds, is_uint
 from deployments.protocol.wording import generative_only, no_correlation_id, one_item_per_sequence
 from deployments.signature import Signature
 from deployments.wire.generation import GenerateMux, collect, generate_request
@@ -223,11 +222,10 @@ class ModelRoute:
             raise self._invalid(f"unknown parameter(s) {unknown}{hint}: a handle call takes "
                                 f"{list(HANDLE_PARAMETERS)}")
         priority, timeout_s = params.get("priority"), params.get("timeout_s")
-        if priority is not None and not _is_uint(priority):
+        if priority is not None and not is_uint(priority):
             raise self._invalid(f"priority must be a non-negative integer (1 = highest, "
                                 f"0 = default), got {priority!r}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
-                timeout_s, (int, float)) or not 0 <= timeout_s < math.inf):
+        if timeout_s is not None and not is_seconds(timeout_s):
             raise self._invalid(f"timeout_s must be a non-negative number of seconds "
                                 f"(0: none), got {timeout_s!r}")
         flags = [params.get(f, False) for f in ("sequence_start", "sequence_end")]
@@ -263,10 +261,6 @@ class ModelRoute:
 
 
 HANDLE_PARAMETERS = ("priority", "timeout_s", "sequence_id", "sequence_start", "sequence_end")
-
-
-def _is_uint(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def hard_timeout(policy: Any) -> Callable[[Any, float | None], float | None]:

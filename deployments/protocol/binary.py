@@ -65,10 +65,11 @@ MAX_DIMS_PRODUCT = 2**60
 
 
 def check_dims(shape: Sequence[int], where: str) -> None:
-    """Refuse a request's shape that no array can have. Only a shape with a zero dim gets
-    here past the size limits (its element count is 0): [0, 2**62] holds nothing, but
-    numpy cannot shape even an empty array so."""
-    if math.prod(d for d in shape if d) > MAX_DIMS_PRODUCT:
+    """Refuse a request's shape that no array can have. Only a shape with a zero dim passes
+    the size limits so (its element count is 0): [0, 2**62] holds nothing, but numpy
+    cannot shape even an empty array so. Any other shape is left to the size limits (a
+    413 that says how much fits), and costs one scan for a zero here."""
+    if 0 in shape and math.prod(d for d in shape if d) > MAX_DIMS_PRODUCT:
         raise InvalidRequest(f"{where} has shape {shown(list(shape))}: its dims multiply past "
                              "what an array can hold; give the actual size of every dim")
 
@@ -136,6 +137,12 @@ def binary_view(array: np.ndarray, datatype: str | None = None) -> memoryview | 
 def is_uint(value: Any) -> bool:
     """A JSON non-negative integer (JSON true/false are not integers here)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_seconds(value: Any) -> bool:
+    """A finite non-negative number of seconds (true/false are not numbers here)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value < math.inf)
 
 
 def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec,

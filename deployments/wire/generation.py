@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +40,7 @@ from batching.iterative.host import Finished, IterativeHost
 from batching.iterative.sampling import check_sampling
 from batching.iterative.scheduler import GenerateRequest
 from batching.loop import detached, detached_task
+from deployments.protocol.binary import is_seconds, is_uint
 from deployments.wire.bundles import Arrival, Stamp, stamp, time_left
 
 log = logging.getLogger(__name__)
@@ -75,17 +75,16 @@ def generate_request(request_id: Any, prompt: Any,
         raise InvalidRequest(f"parameter 'stop' must be a non-empty string or a list of them, "
                              f"got {stop!r}")
     priority = params.get("priority")
-    if priority is not None and (not _is_uint(priority)):
+    if priority is not None and not is_uint(priority):
         raise InvalidRequest(f"parameter 'priority' must be a non-negative integer, "
                              f"got {priority!r}")
     timeout_s = params.get("timeout_s")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(
-            timeout_s, (int, float)) or not 0 <= timeout_s < math.inf):
+    if timeout_s is not None and not is_seconds(timeout_s):
         raise InvalidRequest(f"parameter 'timeout_s' must be a non-negative number of "
                              f"seconds, got {timeout_s!r}")
     if "timeout" in params:
         us = params["timeout"]
-        if not _is_uint(us):
+        if not is_uint(us):
             raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer in "
                                  f"microseconds, got {us!r}")
         timeout_s = us / 1e6 if us else None
@@ -93,11 +92,6 @@ def generate_request(request_id: Any, prompt: Any,
                                               params.get("seed"))
     return GenerateRequest(request_id, prompt, max_tokens, tuple(stop), priority or None,
                            timeout_s, temperature=temperature, top_p=top_p, seed=seed)
-
-
-def _is_uint(value: Any) -> bool:
-    """A non-negative integer; true and false are not (as for infer's parameters)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def event_json(event: Any) -> dict[str, Any]:
