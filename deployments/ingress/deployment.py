@@ -29,6 +29,7 @@ from ray import serve
 from batching.errors import RaybatchError
 from cluster.config import MetricsConfig, ModelConfig, RaybatchConfig
 from deployments.grpc import GrpcIngress, GrpcServicer
+from deployments.grpc.reuseport import keep_serves_socket_options
 from deployments.http import HttpLimits, ModelEntry, OipApp, UnknownModel, mount, unmount
 from deployments.http.native.front import FrontServer
 from deployments.http.native.front import available as front_available
@@ -45,6 +46,10 @@ from deployments.wire.bundles import Entry, Outcome, StackedOutcomes, Stamp
 __all__ = ["Ingress", "ServeBackend", "UnknownModel", "batcher_actor_name", "model_spec"]
 
 log = logging.getLogger(__name__)
+
+# Imported in a replica before Serve starts its direct-ingress gRPC server: that server's port
+# then stays this replica's alone (deployments.grpc.reuseport).
+keep_serves_socket_options()
 
 
 def model_spec(m: ModelConfig) -> ModelSpec:
