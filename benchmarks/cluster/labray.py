@@ -103,7 +103,8 @@ class RayOnLab:
             out, err = proc.communicate()
         lines = [ln for ln in out.splitlines() if ln.startswith("NODES ")]
         if not lines:
-            raise LabError(f"the nodes driver failed ({proc.returncode}): {err[-3000:]}")
+            raise LabError(f"the nodes driver failed ({proc.returncode}): {err[-3000:]}\n"
+                           f"{head_state()}")
         nodes = json.loads(lines[-1].removeprefix("NODES "))
         if sum(n["Alive"] for n in nodes) < count:
             raise TimeoutError(f"{count} Ray nodes not alive after {timeout_s} s: {nodes}")
@@ -113,6 +114,22 @@ class RayOnLab:
 def _raybatch() -> list[str]:
     here = Path(sys.executable).parent / "raybatch"
     return [str(here)] if os.access(here, os.X_OK) else [sys.executable, "-m", "raybatch.main"]
+
+
+def head_state(chars: int = 2500) -> str:
+    """What the head's GCS and raylet said last, and whether they run: for an error that
+    a head not answering caused (its logs go with the lab's temp dirs)."""
+    logs = HEAD_RAY_TMP / "session_latest" / "logs"
+    out = []
+    for name in ("gcs_server", "raylet"):
+        running = subprocess.run(["pgrep", "-f", f"{name}.*{HEAD_RAY_TMP}"],
+                                 capture_output=True, text=True).stdout.split()
+        state = "pid " + " ".join(running) if running else "not running"
+        out.append(f"-- the head's {name}: {state}; the end of its log:\n"
+                   f"{_tail(logs / f'{name}.out', chars)}")
+    with contextlib.suppress(OSError):
+        out.append(f"-- load average {os.getloadavg()}")
+    return "\n".join(out)
 
 
 def _tail(path: str | os.PathLike[str], chars: int = 3000) -> str:
