@@ -53,6 +53,12 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
+def _same(value: Any, allowed: tuple[Any, ...]) -> bool:
+    """`value` is one of `allowed`, of its type too: `n: true` or `echo: 0` are not 1 or
+    false (Python's `True == 1` would let them by)."""
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
 class OpenAIRefusal(InvalidRequest):
     """A request the OpenAI endpoints refuse; `param` names the field at fault."""
 
@@ -129,7 +135,7 @@ def openai_request(doc: dict[str, Any], model: str, chat: bool,
                    template: ChatTemplate | None = None) -> OpenAIRequest:
     """Check an OpenAI request body (parsed) and turn it into generate parameters."""
     for name, neutral in _NEUTRAL.items():
-        if name in doc and doc[name] not in neutral:
+        if name in doc and not _same(doc[name], neutral):
             raise OpenAIRefusal(f"{name}={shown(doc[name])} is not supported by this server: "
                                 f"leave it out (only {shown(neutral[1])} is accepted)",
                                 name, "unsupported_value")
@@ -163,7 +169,7 @@ def openai_request(doc: dict[str, Any], model: str, chat: bool,
                                     f"{shown(value)}", name)
             params[name] = value
     stream = doc.get("stream", False)
-    if stream not in (None, True, False):
+    if not _same(stream, (None, True, False)):
         raise OpenAIRefusal(f"stream must be true or false, got {shown(stream)}", "stream")
     options = doc.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)

@@ -200,9 +200,9 @@ BAD_OPENAI_COMMON: dict[str, list[Any]] = {
     "max_tokens": [0, -1, "5", 1.5, True, 2**70, ("raw", DIGITS), ("raw", "1e999")],
     "temperature": [-0.5, 2.5, "hot", True, [], {}, ("raw", "NaN"), ("raw", "1e999")],
     "top_p": [0, 1.5, "x", True, -1],
-    "n": [2, 5, "1"], "presence_penalty": [0.5, "x"], "frequency_penalty": [-1],
-    "logit_bias": [{"5": 1}], "logprobs": [True, 2],
-    "stream": ["yes", 2, [], {}], "stream_options": [{"include_usage": True}],
+    "n": [2, 5, "1", True], "presence_penalty": [0.5, "x"], "frequency_penalty": [-1],
+    "logit_bias": [{"5": 1}], "logprobs": [True, 2, 0],
+    "stream": ["yes", 2, [], {}, 1, 0], "stream_options": [{"include_usage": True}],
     "stop": [["a", "b", "c", "d", "e"], [1], "", [""], {}, 5, [["x"]], ("raw", DEEP)],
     "seed": [-1, "x", 1.5, 2**63, True],
     "priority": [-1, "hi", 2**70], "timeout": [-5, "soon", 1.5],
@@ -210,7 +210,7 @@ BAD_OPENAI_COMMON: dict[str, list[Any]] = {
 }
 BAD_OPENAI_COMPLETIONS: dict[str, list[Any]] = {
     "prompt": [DROP, None, 5, [], ["a", "b"], {"a": 1}, [1], True, ("raw", DEEP)],
-    "echo": [True], "best_of": [2], "suffix": ["x"],
+    "echo": [True, 0], "best_of": [2], "suffix": ["x"],
     "messages": [[{"role": "user", "content": "a"}]],
 }
 BAD_OPENAI_CHAT: dict[str, list[Any]] = {

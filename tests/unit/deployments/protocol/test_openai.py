@@ -60,6 +60,13 @@ def test_a_chat_renders_its_messages_through_the_template_and_adds_its_stops():
     ({"model": "m", "prompt": "x", "best_of": 3}, "best_of", "unsupported_value"),
     ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs", "unsupported_value"),
     ({"model": "m", "prompt": "x", "echo": True}, "echo", "unsupported_value"),
+    # of the neutral value's type too: Python's True == 1 and 0 == False let these by
+    ({"model": "m", "prompt": "x", "n": True}, "n", "unsupported_value"),
+    ({"model": "m", "prompt": "x", "n": 1.0}, "n", "unsupported_value"),
+    ({"model": "m", "prompt": "x", "echo": 0}, "echo", "unsupported_value"),
+    ({"model": "m", "prompt": "x", "logprobs": 0}, "logprobs", "unsupported_value"),
+    ({"model": "m", "prompt": "x", "stream": 1}, "stream", "invalid_value"),
+    ({"model": "m", "prompt": "x", "stream": 0}, "stream", "invalid_value"),
     ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty",
      "unsupported_value"),
     ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens", "invalid_value"),
