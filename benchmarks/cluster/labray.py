@@ -86,8 +86,9 @@ class RayOnLab:
             extra += ["--resources", json.dumps(both, sort_keys=True)]
         argv = [*_raybatch(), "join", "--address", head_address, "--num-cpus", str(num_cpus),
                 "--", *extra, *ray_args]
-        return self.run(host, argv, env=self.ray_env(env),
-                        log=log or self.tmp_dir(host) / "raybatch-join.log")
+        log = log or self.tmp_dir(host) / "raybatch-join.log"
+        self.join_logs = {**getattr(self, "join_logs", {}), host: log}
+        return self.run(host, argv, env=self.ray_env(env), log=log)
 
     def wait_nodes(self, head_address: str, count: int,
                    timeout_s: float = 60.0) -> list[dict[str, Any]]:
@@ -103,33 +104,35 @@ class RayOnLab:
             out, err = proc.communicate()
         lines = [ln for ln in out.splitlines() if ln.startswith("NODES ")]
         if not lines:
-            raise LabError(f"the nodes driver failed ({proc.returncode}): {err[-3000:]}\n"
-                           f"{head_state()}")
+            raise LabError(f"the nodes driver failed ({proc.returncode}): {err[-6000:]}\n"
+                           f"{self.ray_state()}")
         nodes = json.loads(lines[-1].removeprefix("NODES "))
         if sum(n["Alive"] for n in nodes) < count:
             raise TimeoutError(f"{count} Ray nodes not alive after {timeout_s} s: {nodes}")
         return nodes
 
+    def ray_state(self, chars: int = 2000) -> str:
+        """Whether the head's GCS and raylet run and what they and each host's join said
+        last, and the load: for an error a Ray of the lab caused (its logs go with the
+        lab's temp dirs)."""
+        logs = HEAD_RAY_TMP / "session_latest" / "logs"
+        out = []
+        for name in ("gcs_server", "raylet"):
+            running = subprocess.run(["pgrep", "-f", f"{name}.*{HEAD_RAY_TMP}"],
+                                     capture_output=True, text=True).stdout.split()
+            state = "pid " + " ".join(running) if running else "not running"
+            out.append(f"-- the head's {name}: {state}; the end of its log:\n"
+                       f"{_tail(logs / f'{name}.out', chars)}")
+        for host, log in sorted(getattr(self, "join_logs", {}).items()):
+            out.append(f"-- host {host}'s join ({log}):\n{_tail(log, chars)}")
+        with contextlib.suppress(OSError):
+            out.append(f"-- load average {os.getloadavg()}")
+        return "\n".join(out)
+
 
 def _raybatch() -> list[str]:
     here = Path(sys.executable).parent / "raybatch"
     return [str(here)] if os.access(here, os.X_OK) else [sys.executable, "-m", "raybatch.main"]
-
-
-def head_state(chars: int = 2500) -> str:
-    """What the head's GCS and raylet said last, and whether they run: for an error that
-    a head not answering caused (its logs go with the lab's temp dirs)."""
-    logs = HEAD_RAY_TMP / "session_latest" / "logs"
-    out = []
-    for name in ("gcs_server", "raylet"):
-        running = subprocess.run(["pgrep", "-f", f"{name}.*{HEAD_RAY_TMP}"],
-                                 capture_output=True, text=True).stdout.split()
-        state = "pid " + " ".join(running) if running else "not running"
-        out.append(f"-- the head's {name}: {state}; the end of its log:\n"
-                   f"{_tail(logs / f'{name}.out', chars)}")
-    with contextlib.suppress(OSError):
-        out.append(f"-- load average {os.getloadavg()}")
-    return "\n".join(out)
 
 
 def _tail(path: str | os.PathLike[str], chars: int = 3000) -> str:
@@ -148,7 +151,9 @@ while True:  # a starved head can time out a driver's look for its node: look ag
         break
     except Exception:
         ray.shutdown()
-        if time.monotonic() > give_up:
+        if time.monotonic() > give_up:  # which raylets a driver here could attach to
+            from ray._private.services import find_node_ids
+            print("raylets running here:", sorted(find_node_ids()), file=sys.stderr)
             raise
         time.sleep(1)
 while sum(n["Alive"] for n in ray.nodes()) < count and time.monotonic() < give_up:
