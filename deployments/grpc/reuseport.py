@@ -10,12 +10,12 @@ port 40000, and the kernel shares the connections between them: a client of one 
 answered, some of the time, by the other's replica ("Application ... not found", or
 another model's answer). Seen when the test suite's two lanes each ran a Ray.
 
-`keep_serves_socket_options()` makes the options Serve passes to its gRPC servers integers
-where they are digits, so gRPC applies them as Serve meant (the proxy's own
-`RAY_SERVE_SOCKET_REUSE_PORT_ENABLED` included). It runs when the ingress module is
-imported, which in a replica is before Serve starts the replica's servers. Where Serve's
-module no longer has the class (another Ray version), it changes nothing; the unit test
-says so.
+`keep_serves_socket_options()` makes that option, where Serve passes it to its gRPC servers
+as digits, an integer, so gRPC applies it as Serve meant (the proxy's own
+`RAY_SERVE_SOCKET_REUSE_PORT_ENABLED` included); any other option is passed as it was.
+It runs when the ingress module is imported, which in a replica is before Serve starts the
+replica's servers. Where Serve's module no longer has the class (another Ray version), it
+changes nothing; the unit test says so.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 _PATCHED = "_raybatch_int_options"
+_INT_OPTIONS = frozenset({"grpc.so_reuseport"})  # integer options Serve passes as strings
 
 
 def _as_ints(options: Any) -> Any:
     if not options:
         return options
-    return [(k, int(v)) if isinstance(v, str) and v.isdigit() else (k, v)
-            for k, v in options]
+    return [(k, int(v)) if k in _INT_OPTIONS and isinstance(v, str) and v.isdigit()
+            else (k, v) for k, v in options]
 
 
 def keep_serves_socket_options() -> bool:

@@ -13,9 +13,11 @@ from cluster.ports import free_port
 from deployments.grpc.reuseport import _as_ints, keep_serves_socket_options
 
 
-def test_digit_strings_become_ints_and_nothing_else_changes():
-    assert _as_ints([("grpc.so_reuseport", "0"), ("grpc.x", "abc"), ("grpc.y", 5)]) == [
-        ("grpc.so_reuseport", 0), ("grpc.x", "abc"), ("grpc.y", 5)]
+def test_the_reuseport_option_becomes_an_int_and_nothing_else_changes():
+    assert _as_ints([("grpc.so_reuseport", "0"), ("grpc.x", "abc"), ("grpc.y", 5),
+                     ("grpc.primary_user_agent", "123")]) == [
+        ("grpc.so_reuseport", 0), ("grpc.x", "abc"), ("grpc.y", 5),
+        ("grpc.primary_user_agent", "123")]
     assert _as_ints(None) is None
 
 
