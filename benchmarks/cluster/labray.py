@@ -93,9 +93,15 @@ class RayOnLab:
     def wait_nodes(self, head_address: str, count: int,
                    timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """`ray.nodes()` once `count` nodes are alive, from a driver on the head (a process
-        of its own: a driver joins one cluster only); TimeoutError if they never are."""
+        of its own: a driver joins one cluster only); TimeoutError if they never are.
+        The driver tries `ray.init` again until `timeout_s`, each try given at most a
+        third of it: one try's look for its node and its calls to the GCS share one
+        budget (`gcs_server_request_timeout_seconds`), so with the lab's 120 s a call
+        that hung (or a first look made before any of the lab's raylets ran) left no
+        time to try again."""
+        per_try = {"RAY_gcs_server_request_timeout_seconds": str(max(10, int(timeout_s / 3)))}
         proc = self.run(None, [sys.executable, "-c", _NODES_DRIVER, head_address, str(count),
-                               str(timeout_s)], env=self.ray_env(),
+                               str(timeout_s)], env=self.ray_env(per_try),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             out, err = proc.communicate(timeout=timeout_s + 60)
