@@ -269,6 +269,17 @@ def _is_utf8(raw: bytes | memoryview) -> bool:
     return True
 
 
+def _past_64_bits(value: Any) -> bool:
+    """orjson reads an integer past 64 bits as a float: one that was sent as an integer."""
+    return type(value) is float and value.is_integer() and abs(value) >= 2**63
+
+
+def _shown_param(value: Any) -> str:
+    """A parameter's value as the client sent it: an integer past 64 bits as what it is,
+    not as the float it was read as."""
+    return f"an integer past 64 bits ({int(value)})" if _past_64_bits(value) else shown(value)
+
+
 def _request_parameters(raw: Any) -> dict[str, Any]:
     """Check Triton's reserved request parameters; custom ones pass through as sent."""
     if raw is None:
@@ -283,12 +294,14 @@ def _request_parameters(raw: Any) -> dict[str, Any]:
         if key in ("priority", "timeout") and not is_uint(value):
             unit = " in microseconds" if key == "timeout" else " (1 = highest, 0 = default)"
             raise InvalidRequest(
-                f"parameter '{key}' must be a non-negative integer{unit}, got {shown(value)}"
+                f"parameter '{key}' must be a non-negative integer{unit}, got "
+                f"{_shown_param(value)}"
             )
         if key == "sequence_id" and not (is_uint(value) or isinstance(value, str)):
+            hint = "; send a larger id as a string" if _past_64_bits(value) else ""
             raise InvalidRequest(
                 "parameter 'sequence_id' must be a non-negative integer or a string, got "
-                f"{shown(value)}"
+                f"{_shown_param(value)}{hint}"
             )
         if key in ("sequence_start", "sequence_end", "binary_data_output") and not isinstance(
             value, bool

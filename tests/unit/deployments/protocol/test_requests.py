@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.utils import np_to_triton_dtype
 
+from batching.errors import InvalidRequest
 from deployments.protocol import (
     INFER_HEADER_LENGTH,
     ModelSpec,
@@ -182,3 +183,15 @@ def test_any_numeric_tensor_round_trips_both_ways(data):
     back = decode(body, headers).as_numpy("t")
     assert back.dtype == array.dtype
     np.testing.assert_array_equal(back, array)
+
+
+@pytest.mark.parametrize("key, fix", [("sequence_id", "send a larger id as a string"),
+                                      ("priority", "non-negative integer"),
+                                      ("timeout", "in microseconds")])
+def test_a_parameter_past_64_bits_is_refused_as_the_integer_it_was_sent_as(key, fix):
+    # orjson reads 2**64 as a float: the error names an integer, not 1.8446744073709552e+19
+    with pytest.raises(InvalidRequest) as e:
+        parse(json_request(parameters={key: 2**64}))
+    said = str(e.value)
+    assert "an integer past 64 bits (18446744073709551616)" in said and fix in said, said
+    assert "e+19" not in said
