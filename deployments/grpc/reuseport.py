@@ -27,10 +27,8 @@ _INT_OPTIONS = frozenset({"grpc.so_reuseport"})  # integer options Serve passes 
 
 
 def _as_ints(options: Any) -> Any:
-    if not options:
-        return options
-    return [(k, int(v)) if k in _INT_OPTIONS and isinstance(v, str) and v.isdigit()
-            else (k, v) for k, v in options]
+    return options and [(k, int(v)) if k in _INT_OPTIONS and isinstance(v, str)
+                        and v.isdigit() else (k, v) for k, v in options]
 
 
 def keep_serves_socket_options() -> bool:

@@ -178,11 +178,17 @@ def _slow_numbers(data: list, datatype: str, target: np.dtype, where: str) -> np
             ) from None
 
 
+def past_64_bits(value: Any) -> bool:
+    """An integer past 64 bits as orjson reads it: a float with no fraction, so large that
+    it was sent as an integer (a JSON body's `data` or a parameter)."""
+    return type(value) is float and value.is_integer() and abs(value) >= 2**63
+
+
 def _check_huge_integers(data: list, datatype: str, where: str) -> None:
     """orjson reads an integer past 64 bits as a float: say it is out of range (it is
     one), not that it has a fraction."""
     for v in np.array(data, dtype=object).ravel():
-        if type(v) is float and v.is_integer() and abs(v) >= 2**63:
+        if past_64_bits(v):
             raise InvalidRequest(
                 f"{where}: 'data' holds {int(v)}, outside the range of {datatype}; use "
                 f"values that fit {datatype}")

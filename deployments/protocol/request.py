@@ -44,6 +44,7 @@ from deployments.protocol.binary import (
     is_uint,
     read_inputs,
 )
+from deployments.protocol.jsondata import past_64_bits
 from deployments.protocol.limits import RequestLimits, shown
 from deployments.protocol.metadata import ModelSpec
 
@@ -269,15 +270,10 @@ def _is_utf8(raw: bytes | memoryview) -> bool:
     return True
 
 
-def _past_64_bits(value: Any) -> bool:
-    """orjson reads an integer past 64 bits as a float: one that was sent as an integer."""
-    return type(value) is float and value.is_integer() and abs(value) >= 2**63
-
-
 def _shown_param(value: Any) -> str:
     """A parameter's value as the client sent it: an integer past 64 bits as what it is,
     not as the float it was read as."""
-    return f"an integer past 64 bits ({int(value)})" if _past_64_bits(value) else shown(value)
+    return f"an integer past 64 bits ({int(value)})" if past_64_bits(value) else shown(value)
 
 
 def _request_parameters(raw: Any) -> dict[str, Any]:
@@ -298,7 +294,7 @@ def _request_parameters(raw: Any) -> dict[str, Any]:
                 f"{_shown_param(value)}"
             )
         if key == "sequence_id" and not (is_uint(value) or isinstance(value, str)):
-            hint = "; send a larger id as a string" if _past_64_bits(value) else ""
+            hint = "; send a larger id as a string" if past_64_bits(value) else ""
             raise InvalidRequest(
                 "parameter 'sequence_id' must be a non-negative integer or a string, got "
                 f"{_shown_param(value)}{hint}"
