@@ -273,7 +273,9 @@ def _is_utf8(raw: bytes | memoryview) -> bool:
 def _shown_param(value: Any) -> str:
     """A parameter's value as the client sent it: an integer past 64 bits as what it is,
     not as the float it was read as."""
-    return f"an integer past 64 bits ({int(value)})" if past_64_bits(value) else shown(value)
+    if past_64_bits(value) and abs(value) < 1e30:  # larger: likely sent as a float, as shown
+        return f"an integer past 64 bits ({int(value)})"
+    return shown(value)
 
 
 def _request_parameters(raw: Any) -> dict[str, Any]:
@@ -294,7 +296,7 @@ def _request_parameters(raw: Any) -> dict[str, Any]:
                 f"{_shown_param(value)}"
             )
         if key == "sequence_id" and not (is_uint(value) or isinstance(value, str)):
-            hint = "; send a larger id as a string" if past_64_bits(value) else ""
+            hint = "; send a larger id as a string" if past_64_bits(value) and value > 0 else ""
             raise InvalidRequest(
                 "parameter 'sequence_id' must be a non-negative integer or a string, got "
                 f"{_shown_param(value)}{hint}"
