@@ -17,7 +17,7 @@ from cluster.spread import LabelSelector, Resources
 
 
 class IngressConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     num_replicas: int = Field(default=1, ge=1)
     """Serve replicas of the HTTP/handle ingress."""
@@ -119,7 +119,7 @@ class IngressConfig(BaseModel):
 
 
 class MetricsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = True
     """Record the raybatch_* series with ray.util.metrics (exported by every Ray node on

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 
 class ChatTemplateConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     message: str = "{role}: {content}\n"
     """Each message, in order: a format string with `{role}` (system, developer, user,

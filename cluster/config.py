@@ -67,7 +67,7 @@ MOVED_MODULES = {
 class WarmupConfig(BaseModel):
     """Batches a replica runs before it reports ready (Triton's model_warmup)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = True
     """Run the warm-up batches; they also check the model's outputs against `outputs`,
@@ -96,7 +96,7 @@ class LimitsConfig(BaseModel):
     """What one model accepts before it refuses: bounded by default, so overload answers
     429 early instead of growing the batching actor's memory and everyone's latency."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_queue_wait_s: float | None = Field(default=1.0, gt=0)
     """Dynamic models: admission by time. A request is refused at once with Overloaded (HTTP
@@ -143,7 +143,7 @@ Policy = Annotated[
 
 
 class ModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     """Model name in URLs: /v2/models/{name}/infer."""
@@ -315,7 +315,7 @@ def _bound_levels(policy: DynamicPolicy, bound: int) -> DynamicPolicy:
 
 
 class RaybatchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     app_name: str = "raybatch"
     """Serve application name (the Grafana dashboard's uid is derived from it)."""

@@ -16,7 +16,7 @@ from cluster.spread import LabelSelector, Resources
 
 
 class ReplicaConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     min_replicas: int = Field(default=1, ge=0)
     """Replicas kept alive even when idle."""
@@ -156,7 +156,7 @@ class ReplicaConfig(BaseModel):
 
 
 class BatcherConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     placement: Literal["actor", "ingress"] = "actor"
     """Where the engine runs. `actor`: one batching actor per model (per shard), batching

@@ -27,7 +27,7 @@ class TimeoutAction(str, enum.Enum):
 class QueuePolicy(BaseModel):
     """Limits of one priority level's queue (Triton's `ModelQueuePolicy`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_queue_size: int | None = Field(default=None, ge=1)
     """Requests this level may hold; one more is rejected at once with QueueFull.
@@ -47,7 +47,8 @@ class DynamicPolicy(BaseModel):
     64
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True,
+                              allow_inf_nan=False)
 
     kind: Literal["dynamic"] = "dynamic"
     """Which scheduler: dynamic (stateless), sequence (stateful) or iterative (generative)."""

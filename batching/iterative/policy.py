@@ -34,7 +34,7 @@ class IterativePolicy(BaseModel):
     8
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["iterative"] = "iterative"
     """Which scheduler: dynamic (stateless), sequence (stateful) or iterative (generative)."""

@@ -33,7 +33,7 @@ class SequencePolicy(BaseModel):
     16
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["sequence"] = "sequence"
     """Which scheduler: dynamic (stateless), sequence (stateful) or iterative (generative)."""

@@ -132,7 +132,7 @@ class ClosedLoop:
         _check(self.think_s >= 0, f"think_s={self.think_s} must be >= 0")
 
     def times(self, rng: np.random.Generator) -> Iterator[float]:
-        return iter([0.0] * self.concurrency)
+        return itertools.repeat(0.0, self.concurrency)
 
     def after_end(self, end_s: float) -> float | None:
         return end_s + self.think_s

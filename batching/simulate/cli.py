@@ -13,9 +13,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from batching.dynamic.policy import DynamicPolicy
 from batching.simulate.arrivals import Arrivals, Bursts, ClosedLoop, Poisson, Trace
-from batching.simulate.engine import simulate
+from batching.simulate.engine import MAX_EVENTS, simulate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--items-per-request", type=_positive(int), default=1)
     add("--timeout-ms", type=_positive(float), help="every request's queue timeout")
     add("--seed", type=int, default=0)
+    add("--max-events", type=_positive(int), default=MAX_EVENTS,
+        help=f"stop with an error past this many events (default {MAX_EVENTS:,}: a run's "
+             "memory and time follow its events)")
     add("--json", action="store_true", help="print the report as JSON")
 
 
@@ -58,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the simulation `args` describe and print its report; returns the exit code."""
     try:
         report = simulate(_policy(args), _arrivals(args), **_options(args))
+    except ValidationError as e:  # the policy's settings: one line each
+        print("simulate: " + "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                       for err in e.errors()), file=sys.stderr)
+        return 2
     except (ValueError, OSError) as e:  # bad settings or an unreadable trace: no traceback
         print(f"simulate: {e}", file=sys.stderr)
         return 2
@@ -102,6 +111,7 @@ def _options(args: argparse.Namespace) -> dict:
         num_requests=args.num_requests,
         warmup_s=args.warmup,
         seed=args.seed,
+        max_events=args.max_events,
     )
 
 

@@ -44,6 +44,12 @@ __all__ = ["Arrivals", "Bursts", "ClosedLoop", "Poisson", "SimReport", "Trace", 
 
 _ARRIVAL, _DONE, _TIMER = 0, 1, 2
 _EPS_S = 1e-9  # times this close count as equal: virtual times are sums of float durations
+# What one run may hold: each event (an arrival, a batch's end, a timer) leaves a record or
+# two behind, so a run's memory and time follow its events; past this bound it stops with
+# an error saying what to ask for instead (`simulate(max_events=...)` moves it). Replicas
+# are each a record from the start.
+MAX_EVENTS = 1_000_000
+MAX_REPLICAS = 100_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class _Config:
     duration_s: float | None
     num_requests: int | None
     warmup_s: float
+    max_events: int
 
 
 @dataclass(slots=True)
@@ -86,6 +93,7 @@ class _Sim:
         self.replicas = [_Replica() for _ in range(cfg.replicas)]
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq, self.ids = itertools.count(), itertools.count()
+        self.events = 0
         self.timer_s: float | None = None  # when the batcher wants to be woken
         self.timer_id = 0  # the one timer event that counts (later ones replace it)
         self.sent = self.measured = 0
@@ -109,6 +117,13 @@ class _Sim:
         return self._report()
 
     def _push(self, t: float, kind: int, payload: object) -> None:
+        self.events += 1
+        if self.events > self.cfg.max_events:
+            raise ValueError(
+                f"the run passed {self.cfg.max_events:,} events (arrivals, batches, timers) "
+                f"at {t:.3f} s of virtual time, {self.sent:,} requests sent: ask for fewer "
+                "requests (a shorter duration, a lower rate or concurrency, num_requests) or "
+                "fewer items per request, or raise max_events (each event keeps a record)")
         heapq.heappush(self.heap, (t, next(self.seq), kind, payload))
 
     def _schedule_arrival(self, t: float | None, from_source: bool) -> None:
@@ -261,6 +276,7 @@ def simulate(
     num_requests: int | None = None,
     warmup_s: float = 0.0,
     seed: int = 0,
+    max_events: int = MAX_EVENTS,
 ) -> SimReport:
     """Run `policy` against `arrivals` on `replicas` whose batches take `a + b·cost` seconds.
 
@@ -268,6 +284,7 @@ def simulate(
     (a `Trace` also stops by itself). A request carries `items_per_request`
     items, or what `make_items(rng)` returns (for a policy's `cost_fn` to price).
     `jitter` is the sigma of a log-normal factor, mean 1, on each compute time.
+    A run of more than `max_events` events is stopped with a ValueError.
 
     >>> r = simulate(DynamicPolicy(max_batch_size=1), ClosedLoop(1), latency_a_s=0.002,
     ...              latency_b_s=0.0, duration_s=1.0)
@@ -277,13 +294,19 @@ def simulate(
     cfg = _Config(
         arrivals, replicas, latency_a_s, latency_b_s, max_inflight, hop_s, timer_tick_s, jitter,
         items_per_request, make_items, timeout_s, duration_s, num_requests, warmup_s,
+        max_events,
     )
     _validate(cfg)
     return _Sim(cfg, policy, seed).run()
 
 
 def _validate(cfg: _Config) -> None:
-    _check(cfg.replicas >= 1, f"replicas={cfg.replicas} must be >= 1")
+    _check(1 <= cfg.replicas <= MAX_REPLICAS,
+           f"replicas={cfg.replicas} must be 1..{MAX_REPLICAS:,} (each is a record in the run)")
+    for name in ("latency_a_s", "latency_b_s", "hop_s", "timer_tick_s", "jitter", "warmup_s",
+                 "timeout_s", "duration_s"):
+        value = getattr(cfg, name)
+        _check(value is None or math.isfinite(value), f"{name}={value} must be a finite number")
     _check(cfg.max_inflight >= 1, f"max_inflight={cfg.max_inflight} must be >= 1")
     for name in ("latency_a_s", "latency_b_s", "hop_s", "timer_tick_s", "jitter", "warmup_s"):
         _check(getattr(cfg, name) >= 0, f"{name}={getattr(cfg, name)} must be >= 0")
@@ -293,6 +316,7 @@ def _validate(cfg: _Config) -> None:
         "loop spins at one instant forever",
     )
     _check(cfg.items_per_request >= 1, f"items_per_request={cfg.items_per_request} must be >= 1")
+    _check(cfg.max_events >= 1, f"max_events={cfg.max_events} must be >= 1")
     _check(cfg.timeout_s is None or cfg.timeout_s > 0, f"timeout_s={cfg.timeout_s} must be > 0")
     _check(
         cfg.num_requests is None or cfg.num_requests >= 1,

@@ -46,7 +46,7 @@ def _quantity(value: str, what: str) -> str:
 
 
 class HeadPod(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     cpus: int = Field(default=2, ge=1)
     """CPUs of the head pod (requests = limits). Ray sees none (`num-cpus: 0`): no replica
@@ -63,7 +63,7 @@ class HeadPod(BaseModel):
 class CpuWorkers(BaseModel):
     """One worker group of CPU pods."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = "cpu"
     """The worker group's name (`groupName`), a DNS label."""
@@ -75,9 +75,10 @@ class CpuWorkers(BaseModel):
     threads_per_core: int = Field(default=1, ge=1, le=8)
     """Logical CPUs per physical core on the nodes these pods run on (2 with SMT, as on
     most cloud VMs): `numa<N>` counts physical cores, as `raybatch join` does."""
-    numa_nodes: int = Field(default=1, ge=1)
+    numa_nodes: int = Field(default=1, ge=1, le=1024)
     """NUMA nodes a pod's cores span (1 with the topology manager's single-numa-node
-    policy); the pod advertises `numa0` .. `numa<numa_nodes-1>`, its cores split evenly."""
+    policy); the pod advertises `numa0` .. `numa<numa_nodes-1>`, its cores split evenly.
+    At most 1,024, the most a Linux kernel knows."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """`nodeSelector` of the pods (e.g. a node pool)."""
     tolerations: tuple[dict[str, Any], ...] = ()
@@ -127,7 +128,7 @@ class GpuWorkers(CpuWorkers):
 class KubernetesConfig(BaseModel):
     """What `raybatch render k8s` cannot derive from the models: pods, images, autoscaling."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str | None = None
     """The RayService's name (default: `app_name`), a DNS label of at most 47 characters."""

@@ -26,6 +26,8 @@ from cluster.k8s.settings import CpuWorkers, GpuWorkers, KubernetesConfig
 from cluster.pinning import pinned_cores
 from cluster.raynode import numa_amounts
 
+MAX_PODS = 2**31 - 1  # KubeRay's maxReplicas is an int32
+
 
 class RenderError(ConfigError):
     """The config cannot be deployed on the pods described: the message says how to fix it."""
@@ -96,34 +98,70 @@ def fits(ask: Ask, workers: CpuWorkers | GpuWorkers) -> bool:
             and ask.cores <= workers.cores_per_numa_node)
 
 
-def pods_needed(asks: Iterable[Ask], workers: CpuWorkers | GpuWorkers) -> int:
-    """Pods of `workers` that hold every ask, packed first-fit decreasing (each fits one)."""
-    pods: list[list[float]] = []  # per pod: free cpus, free gpus, free cores per NUMA node
-    for ask in sorted(asks, key=lambda a: (a.gpus, a.cores, a.cpus), reverse=True):
-        for pod in pods:
-            if _place(pod, ask):
-                break
-        else:
-            pod = [float(workers.cpus), float(getattr(workers, "gpus", 0)),
-                   *[float(workers.cores_per_numa_node)] * workers.numa_nodes]
-            _place(pod, ask)
-            pods.append(pod)
-    return len(pods)
+def pods_needed(asks: Iterable[Ask] | Mapping[Ask, int],
+                workers: CpuWorkers | GpuWorkers) -> int:
+    """Pods of `workers` that hold every ask (each fits one), packed first-fit decreasing:
+    each ask, the largest first, goes to the first pod with room for it, else to a new pod.
+    `asks`: the asks one by one, or each distinct ask with its count. Pods in the same state
+    are kept as one run with a count, and a run of identical asks is placed a run at a
+    time, so the work grows with the distinct asks, not with the counts (a model with
+    max_replicas in the millions packs as fast as one with two), with the same result as
+    placing each ask in turn."""
+    counts: dict[Ask, int] = {}
+    for ask, n in (asks.items() if isinstance(asks, Mapping) else ((a, 1) for a in asks)):
+        counts[ask] = counts.get(ask, 0) + n
+    empty = (float(workers.cpus), float(getattr(workers, "gpus", 0)),
+             *[float(workers.cores_per_numa_node)] * workers.numa_nodes)
+    runs: list[list] = []  # [pod state, how many pods in a row are in it], in pod order
+    for ask in sorted(counts, key=lambda a: (a.gpus, a.cores, a.cpus), reverse=True):
+        left, i = counts[ask], 0
+        while left and i < len(runs):
+            state, count = runs[i]
+            room = _room(state, ask)
+            if room == 0:
+                i += 1
+                continue
+            # the run's first `full` pods fill up; the next takes what is left, if less
+            full = 1 if room is None else min(count, left // room)
+            each = left if room is None else room
+            last = 0 if room is None or full == count else left - full * room
+            parts = ([[_placed(state, ask, each), full]] if full else []) + (
+                [[_placed(state, ask, last), 1]] if last else [])
+            rest = count - full - (1 if last else 0)
+            runs[i:i + 1] = parts + ([[state, rest]] if rest else [])
+            left -= full * each + last
+            i += len(parts)
+        if left:  # new pods, each holding what an empty one can (at least one: each fits)
+            room = _room(empty, ask)
+            room = left if room is None else max(room, 1)
+            full, last = divmod(left, room)
+            runs += ([[_placed(empty, ask, room), full]] if full else []) + (
+                [[_placed(empty, ask, last), 1]] if last else [])
+    return sum(count for _, count in runs)
 
 
-def _place(pod: list[float], ask: Ask) -> bool:
-    """Take `ask` from `pod` if it fits: CPUs, GPUs, and its cores from one NUMA node."""
-    if ask.cpus > pod[0] + 1e-9 or ask.gpus > pod[1] + 1e-9:
-        return False
-    node = 2  # the first NUMA node's slot; only read when the ask has cores
+def _room(state: tuple[float, ...], ask: Ask) -> int | None:
+    """How many of `ask` one pod in `state` still takes (None: any number, it asks nothing)."""
+    limits = []
+    for free, want in ((state[0], ask.cpus), (state[1], ask.gpus)):
+        if want > 0:
+            limits.append(max(0, math.floor((free + 1e-9) / want)))
     if ask.cores:
-        node = next((i for i in range(2, len(pod)) if pod[i] >= ask.cores), -1)
-        if node < 0:
-            return False
-        pod[node] -= ask.cores
-    pod[0] -= ask.cpus
-    pod[1] -= ask.gpus
-    return True
+        limits.append(sum(int(free) // ask.cores for free in state[2:]))
+    return min(limits) if limits else None
+
+
+def _placed(state: tuple[float, ...], ask: Ask, n: int) -> tuple[float, ...]:
+    """`state` with `n` of `ask` taken, each one's cores from the first NUMA node with
+    room for them (as placing them one by one does)."""
+    nodes = list(state[2:])
+    if ask.cores:
+        left = n
+        for k, free in enumerate(nodes):
+            take = min(left, int(free) // ask.cores)
+            nodes[k] -= take * ask.cores
+            left -= take
+    return (state[0] - n * ask.cpus, state[1] - n * ask.gpus, *nodes)
 
 
 def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan]:
@@ -164,11 +202,22 @@ def plan_groups(config: RaybatchConfig, k8s: KubernetesConfig) -> list[GroupPlan
 
 
 def _plan(workers: CpuWorkers | GpuWorkers, gpu: bool, demands: Sequence[Demand]) -> GroupPlan:
-    def asks(which: str) -> list[Ask]:
-        return [d.ask for d in demands for _ in range(getattr(d, which))]
+    def asks(which: str) -> dict[Ask, int]:
+        counts: dict[Ask, int] = {}
+        for d in demands:
+            counts[d.ask] = counts.get(d.ask, 0) + getattr(d, which)
+        return counts
 
-    return GroupPlan(workers, gpu, tuple(demands), pods_needed(asks("count_min"), workers),
+    plan = GroupPlan(workers, gpu, tuple(demands), pods_needed(asks("count_min"), workers),
                      pods_needed(asks("count_max"), workers))
+    if plan.max_pods > MAX_PODS:
+        most = max(demands, key=lambda d: d.count_max)
+        raise RenderError(
+            f"worker group {workers.name!r} would need {plan.max_pods:,} pods to hold every "
+            f"replica at its most ({most.what}: {most.count_max:,}), more than a RayCluster "
+            f"worker group's maxReplicas can say ({MAX_PODS:,}): lower max_replicas, or "
+            "make the pods bigger under kubernetes.")
+    return plan
 
 
 def _check_resources(model: ModelConfig) -> None:

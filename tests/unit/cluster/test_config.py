@@ -42,6 +42,32 @@ def test_messages_name_the_field_the_value_and_the_fix():
         batching={"max_batch_size": 8, "preferred_batch_sizes": [64]})
 
 
+@pytest.mark.parametrize("where, field", [
+    ({"replicas": {"num_cpus": float("inf")}}, r"replicas\.num_cpus=inf"),
+    ({"replicas": {"num_gpus": float("inf")}}, r"replicas\.num_gpus=inf"),
+    ({"replicas": {"scale_down_idle_s": float("inf")}}, r"replicas\.scale_down_idle_s=inf"),
+    ({"batching": {"max_queue_delay_s": float("inf")}}, r"batching\.max_queue_delay_s=inf"),
+    ({"batching": {"max_queue_delay_s": float("nan")}}, r"batching\.max_queue_delay_s=nan"),
+    ({"batching": {"kind": "sequence", "max_sequence_idle_s": float("inf")}},
+     r"batching\.max_sequence_idle_s=inf"),
+])
+def test_a_setting_that_is_not_a_finite_number_is_refused(where, field):
+    """inf or nan would reach Ray (num_cpus=inf), never send a batch that is not full
+    (an endless delay) or never end a sequence: none means anything a user can want that
+    the settings' own None or a large number does not say."""
+    bad(rf"models\.0\.{field}: must be a finite number", **where)
+    with pytest.raises(ConfigError, match=r"ingress\.num_cpus=inf: must be a finite number"):
+        load_config({"models": [MODEL], "ingress": {"num_cpus": float("inf")}})
+
+
+def test_a_ragged_inputs_pad_value_may_be_any_float():
+    """A tensor's pad value is data, not a setting: -inf (a mask's usual pad) is kept."""
+    ragged = {"name": "x", "datatype": "FP32", "shape": [-1, -1],
+              "ragged": {"pad_value": float("-inf")}}
+    config = load_config({"models": [{**MODEL, "inputs": [ragged]}]})
+    assert config.models[0].inputs[0].ragged.pad_value == float("-inf")
+
+
 def test_duplicate_model_names_and_unknown_keys_are_refused():
     with pytest.raises(ConfigError, match=r"model names \['square'\] appear more than once"):
         load_config({"models": [MODEL, MODEL]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -196,6 +197,42 @@ def test_a_seed_repeats_a_run_exactly():
 def test_endless_arrivals_need_a_limit():
     with pytest.raises(ValueError, match="never end"):
         simulate(policy(), Poisson(10.0), latency_a_s=A, latency_b_s=B)
+
+
+def test_a_run_past_its_events_stops_with_what_to_ask_for_and_sizes_stay_bounded():
+    """A run's memory and time follow its events: past `max_events` it stops with an error
+    (not hours later, or out of memory); replicas past the bound, and numbers that are not
+    finite, are refused before it starts; a closed loop's clients are not a list."""
+    with pytest.raises(ValueError, match=r"the run passed 1,000 events \(arrivals, batches, "
+                                         r"timers\) at .* s of virtual time, [\d,]+ requests "
+                                         r"sent: ask for fewer requests"):
+        simulate(policy(), Poisson(1e9), latency_a_s=A, latency_b_s=B, duration_s=10.0,
+                 max_events=1000)
+    with pytest.raises(ValueError, match=r"the run passed 1,000 events"):
+        simulate(policy(max_batch_size=4), Poisson(10.0), latency_a_s=A, latency_b_s=B,
+                 items_per_request=10**9, duration_s=1.0, max_events=1000)
+    ok = simulate(policy(), Poisson(1000.0), latency_a_s=A, latency_b_s=B, duration_s=0.1,
+                  max_events=1000)
+    assert ok.completed > 0  # a run under its bound is untouched by it
+    with pytest.raises(ValueError, match=r"replicas=1000000000 must be 1\.\.100,000"):
+        simulate(policy(), Poisson(10.0), replicas=10**9, latency_a_s=A, latency_b_s=B,
+                 duration_s=1.0)
+    for name in ("hop_s", "latency_b_s", "jitter", "timeout_s", "duration_s"):
+        with pytest.raises(ValueError, match=rf"{name}=(inf|nan) must be a finite number"):
+            simulate(policy(), Poisson(10.0), **{"latency_a_s": A, "latency_b_s": B,
+                                                 "duration_s": 1.0, name: float("inf")})
+    assert list(itertools.islice(ClosedLoop(10**15).times(None), 3)) == [0.0, 0.0, 0.0]
+
+
+def test_the_cli_says_a_policy_setting_it_refuses_in_one_line(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(["--rate", "10", "--max-queue-delay-ms", "-1"])) == 2
+    err = capsys.readouterr().err
+    assert err == ("simulate: max_queue_delay_s: Input should be greater than or equal to "
+                   "0\n"), err
+    assert run(parser.parse_args(["--rate", "1e9", "--max-events", "500"])) == 2
+    assert "the run passed 500 events" in capsys.readouterr().err
 
 
 def test_timeouts_shorter_than_the_queue_delay_still_get_served():

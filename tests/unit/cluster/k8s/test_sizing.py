@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 from cluster.k8s.settings import CpuWorkers, GpuWorkers, KubernetesConfig
-from cluster.k8s.sizing import Ask, RenderError, plan_groups, pods_needed, replica_ask
+from cluster.k8s.sizing import Ask, RenderError, fits, plan_groups, pods_needed, replica_ask
 from tests.unit.cluster.k8s.conftest import make_config, model
 
 
@@ -139,3 +142,63 @@ def test_batching_actors_and_the_ingress_ask_no_resource_no_pod_has(top, message
     config = make_config(*top.get("models", [model(num_cpus=1)]), **rest)
     with pytest.raises(RenderError, match=message):
         plan_groups(config, config.kubernetes)
+
+
+def _one_by_one(asks: list[Ask], workers: CpuWorkers | GpuWorkers) -> int:
+    """First-fit decreasing placing each ask in turn: what `pods_needed` must agree with."""
+    pods: list[list[float]] = []
+    for ask in sorted(asks, key=lambda a: (a.gpus, a.cores, a.cpus), reverse=True):
+        for pod in [*pods, None]:
+            if pod is None:
+                pod = [float(workers.cpus), float(getattr(workers, "gpus", 0)),
+                       *[float(workers.cores_per_numa_node)] * workers.numa_nodes]
+                pods.append(pod)
+            node = next((i for i in range(2, len(pod)) if pod[i] >= ask.cores), -1)
+            if ask.cpus <= pod[0] + 1e-9 and ask.gpus <= pod[1] + 1e-9 and node >= 0:
+                pod[0] -= ask.cpus
+                pod[1] -= ask.gpus
+                pod[node] -= ask.cores
+                break
+    return len(pods)
+
+
+def test_packing_runs_of_asks_gives_what_placing_each_in_turn_gives():
+    """Pods are packed a run of identical asks at a time: the pod count is the one placing
+    each ask in turn gives, over random mixes (a fixed seed) of CPUs, cores and GPUs."""
+    rng = random.Random(7)
+    for _ in range(400):
+        numa = rng.choice([1, 1, 2, 4])
+        threads = rng.choice([1, 2])
+        cpus = numa * threads * rng.randint(1, 8)
+        workers = rng.choice([CpuWorkers(cpus=cpus, numa_nodes=numa, threads_per_core=threads),
+                              GpuWorkers(cpus=cpus, numa_nodes=numa, threads_per_core=threads,
+                                         gpus=rng.randint(1, 8))])
+        gpus = getattr(workers, "gpus", 0)
+        kinds = []
+        for _ in range(rng.randint(1, 4)):
+            ask = Ask(cpus=rng.choice([0, 0.1, 0.25, 0.5, 1, 1.5, 2, 3]) * rng.randint(1, 2),
+                      cores=rng.randint(0, workers.cores_per_numa_node) * rng.randint(0, 1),
+                      gpus=rng.choice([0, 0, 0.25, 0.5, 1, 2]) if gpus else 0)
+            if fits(ask, workers):
+                kinds.append((ask, rng.randint(0, 40)))
+        asks = [ask for ask, n in kinds for _ in range(n)]
+        rng.shuffle(asks)
+        want = _one_by_one(asks, workers)
+        assert pods_needed(asks, workers) == want, (workers, kinds)
+        assert pods_needed(Counter(asks), workers) == want, (workers, kinds)
+
+
+def test_a_max_replicas_in_the_billions_renders_at_once_and_past_int32_pods_is_refused():
+    """The packing's work does not grow with the counts: a billion replicas is one run of
+    pods; more pods than KubeRay's int32 maxReplicas is a RenderError naming the model."""
+    config = make_config(model(min_replicas=1, max_replicas=10**9, num_cpus=1),
+                         ingress={"num_cpus": 0})
+    assert bounds(config) == {"cpu": (1, 10**9 // 4)}  # 4 CPUs a pod
+    config = make_config(model(max_replicas=10**12, num_cpus=1), ingress={"num_cpus": 0})
+    with pytest.raises(RenderError, match=r"worker group 'cpu' would need 250,000,000,000 pods"
+                                          r" to hold every replica at its most \(model 'square' "
+                                          r"replica: 1,000,000,000,000\), more than a RayCluster"
+                                          r" worker group's maxReplicas can say"):
+        plan_groups(config, config.kubernetes)
+    with pytest.raises(ValueError, match=r"numa_nodes\s.*less than or equal to 1024"):
+        CpuWorkers(cpus=2048, numa_nodes=2048)
