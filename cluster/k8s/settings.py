@@ -48,7 +48,7 @@ def _quantity(value: str, what: str) -> str:
 class HeadPod(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    cpus: int = Field(default=2, ge=1)
+    cpus: int = Field(default=2, ge=1, le=8192)
     """CPUs of the head pod (requests = limits). Ray sees none (`num-cpus: 0`): no replica
     runs there; the GCS, the Serve controller and proxy, and the 0-CPU batching actors do."""
     memory: str = "8Gi"
@@ -67,9 +67,10 @@ class CpuWorkers(BaseModel):
 
     name: str = "cpu"
     """The worker group's name (`groupName`), a DNS label."""
-    cpus: int = Field(default=4, ge=1)
+    cpus: int = Field(default=4, ge=1, le=8192)
     """CPUs of each pod: its requests and limits (whole CPUs, so a kubelet with the static
-    CPU manager gives it exclusive cores) and Ray's `num-cpus`."""
+    CPU manager gives it exclusive cores) and Ray's `num-cpus`. At most 8,192, the most a
+    Linux kernel runs on."""
     memory: str = "8Gi"
     """Memory of each pod (requests = limits), a Kubernetes quantity."""
     threads_per_core: int = Field(default=1, ge=1, le=8)
@@ -115,10 +116,10 @@ class GpuWorkers(CpuWorkers):
     """The worker group of GPU pods, rendered when a model asks for GPUs."""
 
     name: str = "gpu"
-    cpus: int = Field(default=8, ge=1)
+    cpus: int = Field(default=8, ge=1, le=8192)
     memory: str = "32Gi"
-    gpus: int = Field(default=1, ge=1)
-    """GPUs of each pod (its `nvidia.com/gpu` limit) and Ray's `num-gpus`."""
+    gpus: int = Field(default=1, ge=1, le=256)
+    """GPUs of each pod (its `nvidia.com/gpu` limit) and Ray's `num-gpus` (at most 256)."""
     gpu_resource: str = "nvidia.com/gpu"
     """The extended resource the device plugin advertises."""
     tolerations: tuple[dict[str, Any], ...] = (GPU_TOLERATION,)
@@ -142,7 +143,7 @@ class KubernetesConfig(BaseModel):
     """CPU worker groups; each model goes to the first one a replica fits in."""
     gpu_workers: GpuWorkers | None = GpuWorkers()
     """The GPU worker group; null: no GPU pods (a model asking for GPUs is then an error)."""
-    idle_timeout_s: int = Field(default=60, ge=0)
+    idle_timeout_s: int = Field(default=60, ge=0, le=2**31 - 1)
     """Seconds a worker pod with nothing running lives before the autoscaler removes it."""
     upscaling_mode: Literal["Default", "Aggressive", "Conservative"] = "Default"
     """How fast the autoscaler adds pods (KubeRay's `upscalingMode`)."""

@@ -202,3 +202,8 @@ def test_a_max_replicas_in_the_billions_renders_at_once_and_past_int32_pods_is_r
         plan_groups(config, config.kubernetes)
     with pytest.raises(ValueError, match=r"numa_nodes\s.*less than or equal to 1024"):
         CpuWorkers(cpus=2048, numa_nodes=2048)
+    # a pod's topology is built core by core (its labels): its size is bounded too
+    with pytest.raises(ValueError, match=r"cpus\s.*less than or equal to 8192"):
+        CpuWorkers(cpus=2**63)
+    with pytest.raises(ValueError, match=r"gpus\s.*less than or equal to 256"):
+        GpuWorkers(gpus=10**9)
