@@ -10,12 +10,15 @@ concurrent clients does. Each process yields ascending times from a seeded
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+MAX_BURST = 1_000_000  # a burst's times are drawn (and sorted) at once
 
 
 class Arrivals(Protocol):
@@ -43,7 +46,8 @@ class Poisson(_OpenLoop):
     rate_per_s: float
 
     def __post_init__(self) -> None:
-        _check(self.rate_per_s > 0, f"rate_per_s={self.rate_per_s} must be > 0")
+        _check(0 < self.rate_per_s < math.inf, f"rate_per_s={self.rate_per_s} must be > 0 "
+               "and finite")
 
     def times(self, rng: np.random.Generator) -> Iterator[float]:
         t = 0.0
@@ -66,8 +70,10 @@ class Bursts(_OpenLoop):
     spread_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _check(self.size >= 1, f"burst size={self.size} must be >= 1")
-        _check(self.period_s > 0, f"burst period_s={self.period_s} must be > 0")
+        _check(1 <= self.size <= MAX_BURST, f"burst size={self.size} must be 1..{MAX_BURST:,} "
+               "(a burst's times are drawn at once)")
+        _check(0 < self.period_s < math.inf,
+               f"burst period_s={self.period_s} must be > 0 and finite")
         _check(
             0 <= self.spread_s <= self.period_s,
             f"spread_s={self.spread_s} must lie in [0, period_s={self.period_s}]",
@@ -75,7 +81,7 @@ class Bursts(_OpenLoop):
 
     def times(self, rng: np.random.Generator) -> Iterator[float]:
         for k in itertools.count():
-            offsets = [0.0] * self.size
+            offsets: Iterable[float] = itertools.repeat(0.0, self.size)
             if self.spread_s:
                 offsets = np.sort(rng.uniform(0.0, self.spread_s, self.size)).tolist()
             for offset in offsets:
@@ -96,6 +102,8 @@ class Trace(_OpenLoop):
     def __post_init__(self) -> None:
         times = tuple(sorted(float(t) for t in self.times_s))
         _check(bool(times), "the trace has no arrival times: give at least one")
+        bad = next((t for t in times if not math.isfinite(t)), None)
+        _check(bad is None, f"trace time {bad} is not a finite number of seconds")
         _check(times[0] >= 0, f"trace time {times[0]} is negative: give seconds from the start")
         object.__setattr__(self, "times_s", times)
 
@@ -109,6 +117,8 @@ class Trace(_OpenLoop):
                 continue
             try:
                 times.append(float(text))
+                if not math.isfinite(times[-1]):
+                    raise ValueError
             except ValueError:
                 raise ValueError(
                     f"{path}:{number}: {text!r} is not a time: write one number of seconds per line"
@@ -129,7 +139,7 @@ class ClosedLoop:
 
     def __post_init__(self) -> None:
         _check(self.concurrency >= 1, f"concurrency={self.concurrency} must be >= 1")
-        _check(self.think_s >= 0, f"think_s={self.think_s} must be >= 0")
+        _check(0 <= self.think_s < math.inf, f"think_s={self.think_s} must be >= 0 and finite")
 
     def times(self, rng: np.random.Generator) -> Iterator[float]:
         return itertools.repeat(0.0, self.concurrency)

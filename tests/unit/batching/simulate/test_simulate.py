@@ -224,6 +224,28 @@ def test_a_run_past_its_events_stops_with_what_to_ask_for_and_sizes_stay_bounded
     assert list(itertools.islice(ClosedLoop(10**15).times(None), 3)) == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: Trace((0.1, float("nan"))), r"trace time nan is not a finite number of seconds"),
+    (lambda: Trace((0.1, float("inf"))), r"trace time inf is not a finite number of seconds"),
+    (lambda: Bursts(10, float("inf")), r"burst period_s=inf must be > 0 and finite"),
+    (lambda: Bursts(10**9, 0.1), r"burst size=1000000000 must be 1\.\.1,000,000"),
+    (lambda: Poisson(float("inf")), r"rate_per_s=inf must be > 0 and finite"),
+    (lambda: ClosedLoop(1, think_s=float("nan")), r"think_s=nan must be >= 0 and finite"),
+])
+def test_arrivals_that_would_never_end_or_not_fit_are_refused(make, message):
+    """A nan in a trace or an endless burst period made the run spin forever at one
+    instant; a burst of a billion was a list of a billion times."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_a_trace_file_with_a_time_that_is_not_finite_names_its_line(tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_text("0.1\n# a comment\ninf\n")
+    with pytest.raises(ValueError, match=r"trace\.txt:3: 'inf' is not a time"):
+        Trace.from_file(path)
+
+
 def test_the_cli_says_a_policy_setting_it_refuses_in_one_line(capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
