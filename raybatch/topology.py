@@ -13,6 +13,7 @@ from collections import Counter
 
 from cluster.affinity import AffinityPlan, PlacementError, max_replicas, plan_affinity
 from cluster.topology import Topology, TopologyError, discover, format_cpulist
+from raybatch.args import non_negative, positive
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,16 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read DIR instead of /sys (DIR/devices/system/node/node0/cpulist "
                              "...); the CPUs allowed then come from "
                              "DIR/fs/cgroup/cpuset.cpus.effective, not from this process")
-    parser.add_argument("--replicas", type=_count, metavar="N",
+    parser.add_argument("--replicas", type=non_negative(int), metavar="N",
                         help="CPU replicas to place (default: as many as fit)")
-    parser.add_argument("--cores-per-replica", type=_positive, default=1, metavar="K",
+    parser.add_argument("--cores-per-replica", type=positive(int), default=1, metavar="K",
                         help="physical cores of each CPU replica, SMT siblings included "
                              "(default: 1)")
-    parser.add_argument("--gpu-replicas", type=_count, metavar="M",
+    parser.add_argument("--gpu-replicas", type=non_negative(int), metavar="M",
                         help="GPU replicas, one per GPU (default: one on every GPU)")
-    parser.add_argument("--cores-per-gpu-replica", type=_positive, default=1, metavar="K",
+    parser.add_argument("--cores-per-gpu-replica", type=positive(int), default=1, metavar="K",
                         help="physical cores of each GPU replica, local to its GPU (default: 1)")
-    parser.add_argument("--batcher-cores", type=_count, default=1, metavar="K",
+    parser.add_argument("--batcher-cores", type=non_negative(int), default=1, metavar="K",
                         help="fastest physical cores pinned to the batching actor (default: 1)")
     parser.add_argument("--json", action="store_true",
                         help="print {numa_nodes, gpus, speed_source, plan} as JSON")
@@ -107,17 +108,3 @@ def _node(node: int | None) -> str:
 
 def _s(n: int) -> str:
     return "" if n == 1 else "s"
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value

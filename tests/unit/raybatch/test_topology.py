@@ -90,7 +90,10 @@ def test_counts_are_checked_by_the_parser(capsys):
     with pytest.raises(SystemExit) as e:
         main(["topology", "--cores-per-replica", "0"])
     assert e.value.code == 2
-    assert "--cores-per-replica: 0 must be >= 1" in capsys.readouterr().err
+    assert "--cores-per-replica: '0': give an integer above 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["topology", "--replicas", "abc"])
+    assert "--replicas: 'abc': give an integer 0 or more" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not os.path.isdir("/sys/devices/system/cpu"), reason="needs Linux sysfs")
