@@ -21,7 +21,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -42,9 +41,10 @@ from cluster.appsettings import IngressConfig as IngressConfig
 from cluster.appsettings import MetricsConfig as MetricsConfig
 from cluster.appsettings import stateful_in_one_ingress
 from cluster.chat import ChatTemplateConfig as ChatTemplateConfig
-from cluster.k8s.settings import KubernetesConfig
 
 # Re-exported: callers have always found these here.
+from cluster.configfile import read_yaml
+from cluster.k8s.settings import KubernetesConfig
 from cluster.modelpath import ConfigError as ConfigError
 from cluster.modelpath import import_object as import_object
 from cluster.replicas import BatcherConfig as BatcherConfig
@@ -389,17 +389,7 @@ def load_config(source: str | Path | dict) -> RaybatchConfig:
         data, where = source, "config"
     else:
         path = Path(source)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError as e:
-            raise ConfigError(f"config file {path} does not exist") from e
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): "
-                              "a config is a YAML file") from None
-        except OSError as e:  # a folder, no permission
-            raise ConfigError(f"config file {path} cannot be read: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is not valid YAML: {e}") from e
+        data = read_yaml(path)
         where = str(path)
     try:
         config = RaybatchConfig.model_validate(data)

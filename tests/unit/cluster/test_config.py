@@ -90,6 +90,37 @@ def test_files_missing_or_not_yaml(tmp_path):
         load_config(tmp_path)
 
 
+def test_a_file_of_aliases_of_aliases_or_endless_nesting_is_refused_before_it_is_walked(tmp_path):
+    """A few hundred bytes of YAML aliases expand to billions of values (validating and
+    rendering it took all memory); nesting past the parser's depth was a RecursionError's
+    traceback. Each is a ConfigError naming the file; a config sharing a block by an alias,
+    as YAML users do, still loads."""
+    levels = ['x0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    levels += [f"x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("app_name: x\nmodels:\n  - name: square\n    transformer: "
+                    "deployments.models:Square\n    init_kwargs:\n"
+                    + "".join(f"      {line}\n" for line in levels))
+    with pytest.raises(ConfigError, match=r"bomb\.yaml holds 1,234,567,9\d\d values once its "
+                                          r"YAML aliases \(\*name\) are expanded, more than a "
+                                          r"config can \(1,000,000\)"):
+        load_config(bomb)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("app_name: x\nmodels: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    with pytest.raises(ConfigError, match=r"deep\.yaml nests lists or mappings deeper than the "
+                                          r"YAML parser can follow"):
+        load_config(deep)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "app_name: x\nmodels:\n"
+        "  - {name: a, transformer: 'deployments.models:Square', batching: &fast "
+        "{max_batch_size: 8}, inputs: &in [{name: INPUT0, datatype: FP32, shape: [-1]}], "
+        "outputs: &out [{name: OUTPUT0, datatype: FP32, shape: [-1]}]}\n"
+        "  - {name: b, transformer: 'deployments.models:Square', batching: *fast, "
+        "inputs: *in, outputs: *out}\n")
+    assert [m.batching.max_batch_size for m in load_config(shared).models] == [8, 8]
+
+
 def test_import_object_says_what_failed():
     assert import_object("deployments.models:Square").__name__ == "Square"
     with pytest.raises(ConfigError, match=r"cannot import 'deployments\.models:Nope'"):
