@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 
 MAX_BURST = 1_000_000  # a burst's times are drawn (and sorted) at once
+MAX_TRACE = 2_000_000  # arrival times of a trace file (each at least one event of a run)
+MAX_LINE = 1024  # characters of a trace file's line
 
 
 class Arrivals(Protocol):
@@ -109,20 +111,29 @@ class Trace(_OpenLoop):
 
     @classmethod
     def from_file(cls, path: str | Path) -> Trace:
-        """One arrival time (seconds) per line; blank lines and `#` comments are skipped."""
-        times = []
-        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                times.append(float(text))
-                if not math.isfinite(times[-1]):
-                    raise ValueError
-            except ValueError:
-                raise ValueError(
-                    f"{path}:{number}: {text!r} is not a time: write one number of seconds per line"
-                ) from None
+        """One arrival time (seconds) per line; blank lines and `#` comments are skipped.
+        Read a line at a time, each at most `MAX_LINE` characters, at most `MAX_TRACE`
+        times: a file that is not a trace (`/dev/zero`, a binary) is refused, not read
+        into memory whole."""
+        times: list[float] = []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), ""), 1):
+                if len(line) > MAX_LINE:
+                    raise ValueError(f"{path}:{number}: a line of more than {MAX_LINE:,} "
+                                     "characters: write one number of seconds per line")
+                text = line.split("#", 1)[0].strip()
+                if not text:
+                    continue
+                try:
+                    times.append(float(text))
+                    if not math.isfinite(times[-1]):
+                        raise ValueError
+                except ValueError:
+                    raise ValueError(f"{path}:{number}: {text[:40]!r} is not a time: write one "
+                                     "number of seconds per line") from None
+                if len(times) > MAX_TRACE:
+                    raise ValueError(f"{path} holds more than {MAX_TRACE:,} arrival times, more "
+                                     "than one run can simulate: cut the trace")
         return cls(tuple(times))
 
     def times(self, rng: np.random.Generator) -> Iterator[float]:

@@ -244,6 +244,11 @@ def test_a_trace_file_with_a_time_that_is_not_finite_names_its_line(tmp_path):
     path.write_text("0.1\n# a comment\ninf\n")
     with pytest.raises(ValueError, match=r"trace\.txt:3: 'inf' is not a time"):
         Trace.from_file(path)
+    path.write_text("0.1\n" + "7" * 5000)  # no end of line: /dev/zero is one such line
+    with pytest.raises(ValueError, match=r"trace\.txt:2: a line of more than 1,024 characters"):
+        Trace.from_file(path)
+    with pytest.raises(ValueError, match=r"/dev/zero:1: a line of more than 1,024 characters"):
+        Trace.from_file("/dev/zero")  # read a line at a time, not whole
 
 
 def test_the_cli_says_a_policy_setting_it_refuses_in_one_line(capsys):
