@@ -1,6 +1,6 @@
 """Reading a config file: YAML text to plain data, or a ConfigError that says what is wrong
-with the file (missing, unreadable, not UTF-8, not YAML, nested past what the parser can
-follow, or aliases that expand past any config's size).
+with the file (missing, unreadable, too large, not UTF-8, not YAML, nested past what the
+parser can follow, or aliases that expand past any config's size).
 
 A config is read whole into memory, validated and written out again (Serve config, k8s
 manifests), each walking every value. YAML aliases that refer to aliases multiply a
@@ -19,12 +19,18 @@ import yaml
 from cluster.modelpath import ConfigError
 
 MAX_CONFIG_VALUES = 1_000_000
+MAX_CONFIG_BYTES = 16 << 20  # read no more of a file than this (`--config /dev/zero`)
 
 
 def read_yaml(path: Path) -> Any:
     """The data of the YAML file at `path`; ConfigError for anything a config cannot be."""
     try:
-        data = yaml.safe_load(path.read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path} is more than {MAX_CONFIG_BYTES >> 20} MiB: a config is a "
+                              "YAML file of a few kilobytes (is it the right file?)")
+        data = yaml.safe_load(raw.decode("utf-8"))
     except FileNotFoundError as e:
         raise ConfigError(f"config file {path} does not exist") from e
     except UnicodeDecodeError as e:

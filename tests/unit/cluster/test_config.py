@@ -88,6 +88,9 @@ def test_files_missing_or_not_yaml(tmp_path):
         load_config(binary)
     with pytest.raises(ConfigError, match="cannot be read: Is a directory"):
         load_config(tmp_path)
+    with pytest.raises(ConfigError, match=r"/dev/zero is more than 16 MiB: a config is a YAML "
+                                          r"file of a few kilobytes"):
+        load_config("/dev/zero")  # read up to a bound, not whole
 
 
 def test_a_file_of_aliases_of_aliases_or_endless_nesting_is_refused_before_it_is_walked(tmp_path):
