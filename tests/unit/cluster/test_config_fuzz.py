@@ -1,10 +1,10 @@
 """Hostile configs (a fixed seed): the shipped configs with one to three values swapped for
 wrong types, huge or non-finite numbers, empty or odd strings, or deleted. Whatever comes
-in, loading it and rendering its Serve config and its Kubernetes manifests end in a result
-or a ConfigError that names the setting, never another exception, in bounded memory and
-time. The cases run in a child process held to 2 GiB of address space and a hang guard:
-a config that makes a renderer allocate per replica (`max_replicas: 1000000000`) ends the
-child, not the machine."""
+in, loading it, rendering its Serve config, Kubernetes manifests and Grafana dashboard, and
+checking it fits a node end in a result or a ConfigError that names the setting, never
+another exception, in bounded memory and time. The cases run in a child process held to
+2 GiB of address space and a hang guard: a config that makes a renderer allocate per
+replica (`max_replicas: 1000000000`) ends the child, not the machine."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ _CHILD = textwrap.dedent("""
     import yaml
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
     from cluster.config import ConfigError, load_config
+    from cluster.fit import check_fit
+    from cluster.grafana.dashboard import dashboard_json
     from cluster.k8s.manifests import render
     from cluster.render import serve_config_yaml
 
@@ -62,6 +64,10 @@ _CHILD = textwrap.dedent("""
             serve_config_yaml(config)
             stage = "k8s manifests"
             render(config)
+            stage = "dashboard"
+            dashboard_json(config)
+            stage = "fit on a 2-CPU node"
+            check_fit(config, [{"CPU": 2.0, "memory": 8e9}])
         except ConfigError:
             continue
         except BaseException as e:  # MemoryError included: each case is reported
