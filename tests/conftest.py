@@ -134,8 +134,23 @@ def ray_address():
                  _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
     finally:
         os.chdir(cwd)
+    _session_logs.append(Path(ray._private.worker._global_node.get_logs_dir_path()))
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+# The session Ray's log folder: at the end of a run that failed, what Ray itself did (its
+# memory monitor killing workers, Serve's controller restarting) is printed from it, since
+# none of it reaches a test's output (`tests.ray_evidence`).
+_session_logs: list[Path] = []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus) -> None:
+    if exitstatus != 0 and _session_logs:
+        from tests.ray_evidence import summary
+
+        for line in summary(_session_logs[0]):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
