@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import SplitResult, urljoin, urlsplit, urlunsplit
 
 
 class PublishError(Exception):
@@ -63,6 +63,29 @@ def _explain(e: Exception, url: str, doing: str) -> PublishError:
     return PublishError(f"Grafana at {url} answered {status} while {doing}: {message}")
 
 
+def _checked(url: str) -> str:
+    """`url` as it may be shown (a password in it as ***), once it is an http(s) URL with a
+    host and a port in range; PublishError saying what is wrong with it otherwise."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- a port out of range raises here
+    except ValueError as e:
+        raise PublishError(f"--url is not a URL ({e}): give one like http://grafana:3000") \
+            from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PublishError(f"--url {_redacted(parts)!r} must start with http:// or https:// "
+                           "and name a host")
+    return _redacted(parts)
+
+
+def _redacted(parts: SplitResult) -> str:
+    if parts.password is None:
+        return urlunsplit(parts)
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def _folder_uid(api: Any, title: str) -> str:
     for folder in api.folder.get_all_folders():
         if folder.get("title") == title:
@@ -77,8 +100,7 @@ def publish(dashboard: dict[str, Any], url: str, *, token: str | None = None,
     from grafana_client import GrafanaApi
 
     url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise PublishError(f"--url {url!r} must start with http:// or https://")
+    shown = _checked(url)
     api = GrafanaApi.from_url(url, credential=_credential(token, user, password),
                               timeout=timeout_s)
     doing = "checking its health"
@@ -95,6 +117,6 @@ def publish(dashboard: dict[str, Any], url: str, *, token: str | None = None,
     except PublishError:
         raise
     except Exception as e:  # grafana-client's errors, and the HTTP layer's (unreachable)
-        raise _explain(e, url, doing) from None
-    where = urljoin(url + "/", saved.get("url") or f"/d/{saved.get('uid')}")
+        raise _explain(e, shown, doing) from None
+    where = urljoin(shown + "/", saved.get("url") or f"/d/{saved.get('uid')}")
     return Published(where, int(saved.get("version", 0)), saved.get("uid", ""), folder)

@@ -128,3 +128,29 @@ def test_contradictory_credentials_are_refused_before_any_request(grafana):
     with pytest.raises(PublishError, match="must start with http"):
         publish({}, "grafana:3000", token="t")
     assert grafana.requests == []
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("http://[::1", "--url is not a URL (Invalid IPv6 URL): give one like http://grafana:3000"),
+    ("http://127.0.0.1:99999", "--url is not a URL (Port out of range 0-65535)"),
+    ("http://", "--url 'http://' must start with http:// or https:// and name a host"),
+    ("ftp://grafana", "--url 'ftp://grafana' must start with http:// or https://"),
+])
+def test_a_url_that_is_not_one_is_said_in_one_line(capsys, url, says):
+    rc, out, err = cli(capsys, "publish", "--url", url, "--token", EDITOR_TOKEN)
+    assert rc == 1 and out == "" and err.count("\n") == 1, err
+    assert says in err, err
+
+
+def test_a_password_in_the_url_is_used_but_never_shown(grafana, capsys):
+    """Credentials may ride in the URL, as curl takes them; what is printed (the published
+    dashboard's address, or an error naming the server) shows the password as ***."""
+    host = grafana.url.split("://", 1)[1]
+    rc, out, err = cli(capsys, "publish", "--url", f"http://{USER}:{PASSWORD}@{host}")
+    assert rc == 0, err
+    assert f"http://{USER}:***@{host}/d/raybatch" in out and PASSWORD not in out, out
+    url = f"http://{USER}:{PASSWORD}@127.0.0.1:{free_port()}"
+    rc, out, err = cli(capsys, "publish", "--url", url)
+    assert rc == 1 and PASSWORD not in err, err
+    assert f"cannot reach Grafana at http://{USER}:***@127.0.0.1:" in err
+
