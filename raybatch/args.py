@@ -46,3 +46,24 @@ def _bounded(kind: type, ok: Callable[[float], bool], words: str) -> Callable[[s
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def ray_address(text: str) -> str:
+    """A Ray cluster's address as `ray.init` and `ray start` take it: HOST:PORT of the
+    head's GCS (an IPv6 host in brackets), `auto` (the cluster this machine runs, or
+    $RAY_ADDRESS), or ray://HOST:PORT (Ray Client). Anything else Ray would refuse with a
+    traceback, or wait on for a minute."""
+    if text == "auto":
+        return text
+    rest = text.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    ok = (colon and host and port.isdigit() and 1 <= int(port) <= 65535
+          and not any(c.isspace() or c in "/?#@" for c in rest)
+          and (bracketed or ("[" not in host and "]" not in host and ":" not in host)))
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Ray address: give HOST:PORT of the head's GCS (e.g. "
+            "10.0.0.1:6379), auto, or ray://HOST:PORT")
+    return text
+

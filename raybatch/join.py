@@ -14,6 +14,7 @@ import argparse
 import os
 
 from cluster.rayauth import add_token_file_argument
+from raybatch.args import ray_address
 from raybatch.serving import haproxy_available
 
 JOIN_PROBE_S = 30.0
@@ -22,7 +23,7 @@ head being started at the same time has that long to come up)."""
 
 
 def add_join_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", metavar="HOST:PORT",
+    p.add_argument("--address", metavar="HOST:PORT", type=ray_address,
                    help="the cluster's head (its GCS address, as `ray start` prints it)")
     p.add_argument("--head", action="store_true",
                    help="start a head node instead, for other machines to join")

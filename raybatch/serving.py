@@ -22,14 +22,14 @@ import threading
 from typing import Any
 
 from cluster.rayauth import add_token_file_argument, connect_here
-from raybatch.args import port_number
+from raybatch.args import port_number, ray_address
 
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: the bundled demo)")
-    p.add_argument("--address", help="join this Ray cluster instead of starting a local one "
-                                      "(its nodes advertise NUMA resources when started with "
-                                      "`raybatch join`)")
+    p.add_argument("--address", type=ray_address,
+                   help="join this Ray cluster instead of starting a local one (its nodes "
+                        "advertise NUMA resources when started with `raybatch join`)")
     add_token_file_argument(p)
     p.add_argument("--host", help="HTTP host (default: the config's ingress.host)")
     p.add_argument("--port", type=port_number(),

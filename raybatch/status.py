@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from cluster.rayauth import add_token_file_argument, connect_here
-from raybatch.args import non_negative, positive
+from raybatch.args import non_negative, positive, ray_address
 from raybatch.serving import quiet_token_auth_notice
 
 
@@ -32,7 +32,8 @@ class StatusError(Exception):
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", default="auto", help="Ray cluster to ask (default: auto)")
+    p.add_argument("--address", default="auto", type=ray_address,
+                   help="Ray cluster to ask (default: auto)")
     p.add_argument("--app", default="raybatch", help="application name")
     add_token_file_argument(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -51,25 +52,9 @@ def status(args: argparse.Namespace) -> int:
         from raybatch.watch import run
 
         return run(args)
-    import ray
-    from ray import serve
-
     from raybatch.nodes import fetch_annotated, ingress_lines, placement_lines
 
-    quiet_token_auth_notice()
-    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
-    from ray.serve.exceptions import RayServeException
-
-    try:
-        ray.init(address=args.address, log_to_driver=False)
-    except ConnectionError as e:
-        raise StatusError(f"no Ray cluster to ask ({e}): start one with `raybatch up`, or "
-                          "give the running one's --address") from None
-    try:
-        handle = serve.get_app_handle(args.app)
-    except RayServeException as e:
-        raise StatusError(f"{e} (--app names the app; `raybatch up` deploys the config's "
-                          "app_name)") from None
+    handle = app_handle(args)
     stats = handle.status.remote().result(timeout_s=30)
     stats = fetch_annotated(stats, args.app)  # the node of each replica and actor
     if args.json:
@@ -95,6 +80,27 @@ def status(args: argparse.Namespace) -> int:
     for line in ingress_lines(stats):
         print(line)
     return 0
+
+
+def app_handle(args: argparse.Namespace) -> Any:
+    """A handle to the app `args.app` on the cluster at `args.address` (joined with its
+    token auth); StatusError when there is no cluster there or no such app on it."""
+    import ray
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    quiet_token_auth_notice()
+    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
+    try:
+        ray.init(address=args.address, log_to_driver=False)
+    except (ConnectionError, ValueError) as e:  # ValueError: an address Ray cannot read
+        raise StatusError(f"no Ray cluster to ask ({e}): start one with `raybatch up`, or "
+                          "give the running one's --address") from None
+    try:
+        return serve.get_app_handle(args.app)
+    except RayServeException as e:
+        raise StatusError(f"{e} (--app names the app; `raybatch up` deploys the config's "
+                          "app_name)") from None
 
 
 def _summary(model: str, s: dict[str, Any]) -> list[str]:

@@ -144,14 +144,9 @@ def frames(app: str, fetch: Any, interval_s: float, count: int = 0,
 
 def run(args: argparse.Namespace) -> int:
     """`raybatch status --watch`: redraw in place on a terminal, else print frame after frame."""
-    import ray
-    from ray import serve
+    from raybatch.status import app_handle
 
-    from cluster.rayauth import connect_here
-
-    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
-    ray.init(address=args.address, log_to_driver=False)
-    handle = serve.get_app_handle(args.app)
+    handle = app_handle(args)
     tty = sys.stdout.isatty()
 
     def fetch() -> dict[str, Any]:

@@ -41,6 +41,40 @@ def test_a_number_out_of_its_range_is_refused_by_the_parser(args, words, capsys)
     assert e.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["status"], ["status", "--watch"], ["up"], ["join"]])
+@pytest.mark.parametrize("address", ["", "http://[::1", "127.0.0.1:99999", "head", "h:0",
+                                     "[::1]:6379x", "::1:6379", "host name:6379",
+                                     "http://head:8265"])
+def test_an_address_that_is_not_a_ray_address_is_refused_by_the_parser(command, address,
+                                                                         capsys):
+    """Ray took these with a ValueError's traceback (`''`, an HTTP URL), or waited a
+    minute for a GCS at an empty host (`up --address ''`)."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*command, "--address", address])
+    assert e.value.code == 2
+    assert (f"--address: {address!r} is not a Ray address: give HOST:PORT of the head's GCS"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("address", ["auto", "10.0.0.1:6379", "head-0.svc:6379",
+                                     "[::1]:6379", "ray://head:10001"])
+def test_a_ray_address_is_taken_as_given(address):
+    for command in (["status"], ["up"], ["join"]):
+        assert build_parser().parse_args([*command, "--address", address]).address == address
+
+
+def test_status_watch_without_a_cluster_says_so_as_status_does(monkeypatch, capsys):
+    import ray
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    _no_auth_probe(monkeypatch)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    assert main(["status", "--watch", "--count", "1"]) == 2  # a traceback before
+    assert "raybatch status: no Ray cluster to ask" in capsys.readouterr().err
+
+
 def test_native_port_0_still_means_none():
     assert build_parser().parse_args(["up", "--native-port", "0"]).native_port == 0
 
