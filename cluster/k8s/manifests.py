@@ -23,7 +23,12 @@ from cluster.config import RaybatchConfig
 from cluster.grafana.dashboard import render_dashboard
 from cluster.k8s.monitoring import INSTANCE_LABEL, dashboard_configmap, podmonitors
 from cluster.k8s.rayservice import rayservice
-from cluster.k8s.settings import KubernetesConfig, check_dns_label
+from cluster.k8s.settings import (
+    KubernetesConfig,
+    check_dns_label,
+    check_image,
+    check_namespace,
+)
 from cluster.k8s.sizing import RenderError
 
 RAYSERVICE_FILE = "rayservice.yaml"
@@ -58,6 +63,14 @@ def render(config: RaybatchConfig, *, image: str | None = None, gpu_image: str |
     `default_image()`; the GPU image defaults to the CPU one with `-gpu` appended."""
     k8s: KubernetesConfig = config.kubernetes
     name = service_name(config)
+    try:  # what the command line gives (the config's were checked as it loaded)
+        for value, what in ((image, "--image"), (gpu_image, "--gpu-image")):
+            if value is not None:
+                check_image(value, what)
+        if namespace is not None:
+            check_namespace(namespace)
+    except ValueError as e:
+        raise RenderError(str(e)) from None
     image = image or k8s.image or default_image()
     gpu_image = gpu_image or k8s.gpu_image or f"{image}-gpu"
     pod_labels = {"app.kubernetes.io/name": "raybatch", INSTANCE_LABEL: name}

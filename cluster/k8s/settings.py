@@ -34,6 +34,33 @@ def check_dns_label(value: str, what: str, max_chars: int = 63) -> str:
     return value
 
 
+# An image reference as the registries' grammar has it (distribution/reference): an
+# optional registry host[:port]/, lowercase path components, an optional :tag and @digest.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*"
+IMAGE = re.compile(rf"^(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                   r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*"
+                   r":[0-9a-fA-F]{32,})?$")
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_image(value: str, what: str) -> str:
+    if len(value) > 255 or not IMAGE.match(value):
+        raise ValueError(f"{what}={value!r} is not an image reference: [registry[:port]/]"
+                         "name[:tag][@digest], lowercase path (e.g. "
+                         "'registry.example.com/raybatch:0.1.0')")
+    return value
+
+
+def check_namespace(value: str) -> str:
+    if len(value) > 63 or not NAMESPACE.match(value):
+        raise ValueError(f"namespace {value!r} is not a Kubernetes namespace: lowercase "
+                         "letters, digits and '-', starting and ending with a letter or digit, "
+                         "at most 63 characters")
+    return value
+
+
 def _suggest(value: str) -> str:
     name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
     return (name if name[:1].isalpha() else f"rb-{name}")[:MAX_NAME_CHARS].rstrip("-") or "raybatch"
@@ -137,6 +164,11 @@ class KubernetesConfig(BaseModel):
     """Image of the CPU pods (default: `raybatch:<version>`, what the Dockerfile builds)."""
     gpu_image: str | None = None
     """Image of the GPU pods (default: the CPU image's name with `-gpu` appended)."""
+
+    @field_validator("image", "gpu_image")
+    @classmethod
+    def _image(cls, v: str | None, info: Any) -> str | None:
+        return v if v is None else check_image(v, info.field_name)
     head: HeadPod = HeadPod()
     """The head pod: runs no replica, holds the Serve controller, proxy and batching actors."""
     cpu_workers: tuple[CpuWorkers, ...] = (CpuWorkers(),)

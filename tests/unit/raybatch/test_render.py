@@ -48,3 +48,32 @@ def test_a_config_that_cannot_deploy_exits_2_saying_why(tmp_path, capsys):
     cfg.write_text(yaml.safe_dump(data))
     assert main(["render", "k8s", "--config", str(cfg)]) == 2
     assert "app_name='Shop_Prod' is not a valid Kubernetes name" in capsys.readouterr().err
+
+
+def test_an_image_or_namespace_kubernetes_would_refuse_exits_2_before_any_file(tmp_path,
+                                                                                capsys):
+    """They were written into the manifests as given (`image: a b`, `namespace: Bad_NS`),
+    for kubectl to refuse later; `--image ''` fell back to the default without a word."""
+    out = tmp_path / "out"
+    for flag, value, says in [
+        ("--image", "a b", "--image='a b' is not an image reference"),
+        ("--image", "", "--image='' is not an image reference"),
+        ("--gpu-image", "Reg.io/Rb:7", "--gpu-image='Reg.io/Rb:7' is not an image reference"),
+        ("--namespace", "Bad_NS", "namespace 'Bad_NS' is not a Kubernetes namespace"),
+        ("--namespace", "", "namespace '' is not a Kubernetes namespace"),
+    ]:
+        assert main(["render", "k8s", "--config", GPU, flag, value, "-o", str(out)]) == 2
+        assert says in capsys.readouterr().err
+        assert not out.exists()
+    cfg = tmp_path / "bad-image.yaml"
+    data = yaml.safe_load(GPU_PATH.read_text())
+    data["kubernetes"]["image"] = "registry.example.com:5000/Raybatch"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["render", "k8s", "--config", str(cfg)]) == 2
+    assert ("kubernetes.image: image='registry.example.com:5000/Raybatch' is not an image "
+            "reference") in capsys.readouterr().err
+    for ok in ("registry.example.com:5000/team/raybatch:0.1.0", "localhost/rb@sha256:" + "a" * 64,
+               "0-numbered-ns"):
+        flag = "--namespace" if ok == "0-numbered-ns" else "--image"
+        assert main(["render", "k8s", "--config", GPU, flag, ok]) == 0, capsys.readouterr().err
+        capsys.readouterr()
