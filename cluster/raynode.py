@@ -28,6 +28,7 @@ passed on after them (`ray start` keeps only the last of a repeated option).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -150,8 +151,9 @@ def _parse_resources(text: str) -> dict[str, int | float]:
         raise ValueError(f"--resources {text!r} is not a JSON object: give resource name "
                          f"to quantity, e.g. {_EXAMPLES['--resources']}")
     for key, value in parsed.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"--resources: {key}={value!r} must be a number >= 0")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0 <= value < math.inf):  # json reads 1e400 as inf, NaN as nan
+            raise ValueError(f"--resources: {key}={value!r} must be a finite number >= 0")
     return {k: _number(v) for k, v in parsed.items()}
 
 

@@ -97,8 +97,10 @@ def test_a_users_resources_and_labels_merge_with_the_nodes(two_socket):
     (["--resources", "{accel: 1}"], r"--resources '\{accel: 1\}' is not valid JSON \("
                                     r"Expecting property name .* e\.g\. --resources"),
     (["--resources", "[1]"], "is not a JSON object"),
-    (["--resources", '{"x": "many"}'], "x='many' must be a number >= 0"),
-    (["--resources", '{"x": -1}'], "x=-1 must be a number >= 0"),
+    (["--resources", '{"x": "many"}'], "x='many' must be a finite number >= 0"),
+    (["--resources", '{"x": -1}'], "x=-1 must be a finite number >= 0"),
+    (["--resources", '{"x": 1e400}'], "x=inf must be a finite number >= 0"),  # json's inf
+    (["--resources", '{"x": NaN}'], "x=nan must be a finite number >= 0"),
     (["--resources"], "--resources needs a value"),
     (["--labels", "zone"], "'zone' is not key=value"),
 ])
