@@ -14,7 +14,7 @@ import argparse
 import os
 
 from cluster.rayauth import add_token_file_argument
-from raybatch.args import ray_address
+from raybatch.args import non_negative, ray_address
 from raybatch.serving import haproxy_available
 
 JOIN_PROBE_S = 30.0
@@ -27,7 +27,8 @@ def add_join_arguments(p: argparse.ArgumentParser) -> None:
                    help="the cluster's head (its GCS address, as `ray start` prints it)")
     p.add_argument("--head", action="store_true",
                    help="start a head node instead, for other machines to join")
-    p.add_argument("--num-cpus", type=int, help="CPUs of this node (default: Ray's count)")
+    p.add_argument("--num-cpus", type=non_negative(int),
+                   help="CPUs of this node (default: Ray's count)")
     p.add_argument("--sysfs-root", metavar="DIR",
                    help="describe the machine from DIR laid out like /sys (default: "
                         "$RAYBATCH_SYSFS_ROOT, else /sys)")

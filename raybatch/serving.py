@@ -22,7 +22,7 @@ import threading
 from typing import Any
 
 from cluster.rayauth import add_token_file_argument, connect_here
-from raybatch.args import port_number, ray_address
+from raybatch.args import non_negative, port_number, ray_address
 
 
 def add_up_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,9 +39,10 @@ def add_up_arguments(p: argparse.ArgumentParser) -> None:
                         "none (default: the config's ingress.native_port)")
     p.add_argument("--grpc-port", type=port_number(),
                    help="gRPC port, KServe v2 / Triton (default: the config's ingress.grpc_port)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
-    p.add_argument("--num-gpus", type=int, help="GPUs of the local Ray (default: those Ray "
-                                                 "finds)")
+    p.add_argument("--num-cpus", type=non_negative(int),
+                   help="CPUs of the local Ray (default: all)")
+    p.add_argument("--num-gpus", type=non_negative(int),
+                   help="GPUs of the local Ray (default: those Ray finds)")
     p.add_argument("--metrics-port", type=port_number(),
                    help="port of the local Ray's Prometheus metrics, raybatch_* included "
                         "(default: one Ray picks; printed)")

@@ -33,6 +33,9 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(args, capsys):
     (["status", "--watch", "--interval", "0"], "give a number above 0"),
     (["status", "--count", "-1"], "give an integer 0 or more"),
     (["down", "--timeout", "inf"], "give a number 0 or more"),
+    (["up", "--num-cpus", "-5"], "give an integer 0 or more"),
+    (["up", "--num-gpus", "-1"], "give an integer 0 or more"),
+    (["join", "--num-cpus", "-2"], "give an integer 0 or more"),
 ])
 def test_a_number_out_of_its_range_is_refused_by_the_parser(args, words, capsys):
     # the demo ran and failed with numpy's IndexError, or pydantic's traceback
