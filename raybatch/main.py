@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cluster.modelpath import ConfigError
     from cluster.rayauth import AuthError
-    from raybatch.status import StatusError
+    from raybatch.apphandle import StatusError
 
     args = build_parser().parse_args(argv)
     try:

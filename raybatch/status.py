@@ -11,9 +11,9 @@ import json
 import os
 from typing import Any
 
-from cluster.rayauth import add_token_file_argument, connect_here
+from cluster.rayauth import add_token_file_argument
+from raybatch.apphandle import app_handle
 from raybatch.args import non_negative, positive, ray_address
-from raybatch.serving import quiet_token_auth_notice
 
 
 def patient_router() -> None:
@@ -25,10 +25,6 @@ def patient_router() -> None:
     os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
     logging.getLogger("ray.serve").addFilter(
         lambda record: not record.getMessage().startswith("Failed to get queue length"))
-
-
-class StatusError(Exception):
-    """`raybatch status` cannot ask: no cluster there, or no such app on it."""
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,27 +76,6 @@ def status(args: argparse.Namespace) -> int:
     for line in ingress_lines(stats):
         print(line)
     return 0
-
-
-def app_handle(args: argparse.Namespace) -> Any:
-    """A handle to the app `args.app` on the cluster at `args.address` (joined with its
-    token auth); StatusError when there is no cluster there or no such app on it."""
-    import ray
-    from ray import serve
-    from ray.serve.exceptions import RayServeException
-
-    quiet_token_auth_notice()
-    connect_here(args.address, args.auth_token_file)  # the cluster's token auth, if any
-    try:
-        ray.init(address=args.address, log_to_driver=False)
-    except (ConnectionError, ValueError) as e:  # ValueError: an address Ray cannot read
-        raise StatusError(f"no Ray cluster to ask ({e}): start one with `raybatch up`, or "
-                          "give the running one's --address") from None
-    try:
-        return serve.get_app_handle(args.app)
-    except RayServeException as e:
-        raise StatusError(f"{e} (--app names the app; `raybatch up` deploys the config's "
-                          "app_name)") from None
 
 
 def _summary(model: str, s: dict[str, Any]) -> list[str]:

@@ -144,7 +144,7 @@ def frames(app: str, fetch: Any, interval_s: float, count: int = 0,
 
 def run(args: argparse.Namespace) -> int:
     """`raybatch status --watch`: redraw in place on a terminal, else print frame after frame."""
-    from raybatch.status import app_handle
+    from raybatch.apphandle import app_handle
 
     handle = app_handle(args)
     tty = sys.stdout.isatty()

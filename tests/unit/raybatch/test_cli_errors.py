@@ -94,9 +94,9 @@ def _no_auth_probe(monkeypatch) -> None:
     """`status` asks the cluster it finds about its token first: none here (a Ray running
     on this machine, such as the integration tests', must not be asked, nor its token
     auth put in this process's environment)."""
-    from raybatch import status
+    from raybatch import apphandle
 
-    monkeypatch.setattr(status, "connect_here", lambda address, token_file: None)
+    monkeypatch.setattr(apphandle, "connect_here", lambda address, token_file: None)
 
 
 def test_status_without_a_cluster_says_so(monkeypatch, capsys):
