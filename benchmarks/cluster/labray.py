@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -48,9 +47,29 @@ class RayOnLab:
 
     def start_head(self, num_cpus: int = 1, ray_args: Sequence[str] = (),
                    env: Mapping[str, str] | None = None,
-                   log: str | os.PathLike[str] | None = None, timeout_s: float = 60.0) -> str:
+                   log: str | os.PathLike[str] | None = None, timeout_s: float = 60.0,
+                   tries: int = 3) -> str:
         """`raybatch join --head` on 198.18.0.1 (`env` added to `ray_env()`); returns its
-        GCS address once it listens."""
+        GCS address once `ray start` says the head runs (its raylet registered in the GCS;
+        the GCS port listening is not enough). A head whose start fails is started again,
+        `tries` times in all: on a machine with a CPU hog and the other test lane beside,
+        the head's raylet once died at its first call to the GCS (a RAY_CHECK on a timed
+        out call) a minute after the port listened, and `ray start --block` then stopped
+        the GCS too."""
+        log = Path(log or LAB_DIR / "head.log")
+        failures = []
+        for _ in range(tries):
+            address, why = self._start_head_once(num_cpus, ray_args, env, log, timeout_s)
+            if address:
+                return address
+            failures.append(why)
+        raise LabError(f"the Ray head did not start in {tries} tries: " + "\n--\n".join(failures))
+
+    def _start_head_once(self, num_cpus: int, ray_args: Sequence[str],
+                         env: Mapping[str, str] | None, log: Path,
+                         timeout_s: float) -> tuple[str | None, str]:
+        """(its address, "") once `ray start` printed that the head runs; else (None, why),
+        the attempt's processes ended."""
         from cluster.ports import free_port
 
         port = free_port("0.0.0.0")
@@ -60,14 +79,21 @@ class RayOnLab:
                 "--ray-client-server-port", str(free_port("0.0.0.0")),
                 "--dashboard-agent-listen-port", str(free_port("0.0.0.0")),
                 "--object-store-memory", str(OBJECT_STORE_BYTES), *ray_args]
-        log = log or LAB_DIR / "head.log"
+        start = log.stat().st_size if log.exists() else 0  # the log is appended to
         proc = self.run(None, argv, env=self.ray_env(env), log=log)
-        give_up = time.monotonic() + timeout_s
+        # ray start waits up to 30 s for the raylet to register, past the GCS's start
+        give_up = time.monotonic() + timeout_s + 60
         while proc.poll() is None and time.monotonic() < give_up:
-            with contextlib.suppress(OSError), socket.create_connection((HEAD_IP, port), 1):
-                return f"{HEAD_IP}:{port}"
+            with open(log, "rb") as f:
+                f.seek(start)
+                if b"Ray runtime started." in f.read():
+                    return f"{HEAD_IP}:{port}", ""
             time.sleep(0.2)
-        raise LabError(f"the Ray head did not listen on {HEAD_IP}:{port}: {_tail(log)}")
+        if proc.poll() is None:
+            _kill_group(proc)
+        return None, (f"the Ray head on {HEAD_IP}:{port} "
+                      f"{'ended' if proc.returncode is not None else 'hung'} before it ran "
+                      f"(exit {proc.returncode}): {_tail(log)}\n{self.ray_state()}")
 
     def join(self, host: int, head_address: str, num_cpus: int = 1,
              resources: Mapping[str, float] | None = None, ray_args: Sequence[str] = (),
@@ -134,6 +160,14 @@ class RayOnLab:
         with contextlib.suppress(OSError):
             out.append(f"-- load average {os.getloadavg()}")
         return "\n".join(out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """End `proc` and what it started (its own session: `Lab.run` starts it so)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 9)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
 
 
 def _raybatch() -> list[str]:
