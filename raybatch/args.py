@@ -58,7 +58,7 @@ def ray_address(text: str) -> str:
     rest = text.removeprefix("ray://")
     host, colon, port = rest.rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
-    ok = (colon and host and port.isdigit() and 1 <= int(port) <= 65535
+    ok = (colon and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
           and not any(c.isspace() or c in "/?#@" for c in rest)
           and (bracketed or ("[" not in host and "]" not in host and ":" not in host)))
     if not ok:

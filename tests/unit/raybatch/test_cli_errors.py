@@ -47,7 +47,7 @@ def test_a_number_out_of_its_range_is_refused_by_the_parser(args, words, capsys)
 @pytest.mark.parametrize("command", [["status"], ["status", "--watch"], ["up"], ["join"]])
 @pytest.mark.parametrize("address", ["", "http://[::1", "127.0.0.1:99999", "head", "h:0",
                                      "[::1]:6379x", "::1:6379", "host name:6379",
-                                     "http://head:8265"])
+                                     "http://head:8265", "head:\uff16\uff13\uff17\uff19"])
 def test_an_address_that_is_not_a_ray_address_is_refused_by_the_parser(command, address,
                                                                          capsys):
     """Ray took these with a ValueError's traceback (`''`, an HTTP URL), or waited a
