@@ -1,7 +1,7 @@
 """`raybatch status`: ask the running app's ingress for each model's replicas (node, CPUs,
 NUMA node, GPUs), queue depth and batch statistics (`--watch`: a live view, `raybatch.watch`).
-No cluster there, or no app of that name on it, is said in a line (`StatusError`), not a
-traceback.
+No cluster there, or no app of that name on it, is said in a line (`StatusError`, from
+`raybatch.apphandle`, which joins the cluster for both views), not a traceback.
 """
 
 from __future__ import annotations
