@@ -303,13 +303,13 @@ def simulate(
 def _validate(cfg: _Config) -> None:
     _check(1 <= cfg.replicas <= MAX_REPLICAS,
            f"replicas={cfg.replicas} must be 1..{MAX_REPLICAS:,} (each is a record in the run)")
+    _check(cfg.max_inflight >= 1, f"max_inflight={cfg.max_inflight} must be >= 1")
     for name in ("latency_a_s", "latency_b_s", "hop_s", "timer_tick_s", "jitter", "warmup_s",
                  "timeout_s", "duration_s"):
         value = getattr(cfg, name)
         _check(value is None or math.isfinite(value), f"{name}={value} must be a finite number")
-    _check(cfg.max_inflight >= 1, f"max_inflight={cfg.max_inflight} must be >= 1")
-    for name in ("latency_a_s", "latency_b_s", "hop_s", "timer_tick_s", "jitter", "warmup_s"):
-        _check(getattr(cfg, name) >= 0, f"{name}={getattr(cfg, name)} must be >= 0")
+        _check(value is None or name in ("timeout_s", "duration_s") or value >= 0,
+               f"{name}={value} must be >= 0")  # those two have checks of their own below
     _check(
         cfg.latency_a_s + cfg.latency_b_s > 0,
         "latency_a_s and latency_b_s are both 0: a batch must take some time, or a closed "
