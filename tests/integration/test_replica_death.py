@@ -24,7 +24,12 @@ from tests.conftest import arun, wait_until
 
 pytestmark = pytest.mark.integration
 
-N = 800
+ROUND = 200
+MAX_ROUNDS = 25  # 5,000 requests at most before the victim must have been seen busy
+
+
+def x(i: int) -> np.ndarray:
+    return np.array([i, i + 0.25], np.float32)
 
 
 @pytest.mark.parametrize("model", ["slowsquare", "slowsquare-local"])
@@ -32,43 +37,53 @@ def test_killing_a_replica_mid_load_loses_duplicates_and_misroutes_nothing(app, 
     before = app.stats(model)
     assert before["replicas"] == 2, before["replica_info"]
     victim = before["replica_info"][0]
-    xs = [np.array([i, i + 0.25], np.float32) for i in range(N)]
 
     async def one(client: RaybatchClient, i: int):
         try:
-            return i, await client.infer(model, {"INPUT0": xs[i]})
+            return i, await client.infer(model, {"INPUT0": x(i)})
         except WorkerDied as e:
             return i, e
 
     async def main():
         client = RaybatchClient(app.handle)
-        first = [asyncio.ensure_future(one(client, i)) for i in range(N // 2)]
+        sent: list[asyncio.Future] = []
+
+        def send_round():
+            start = len(sent)
+            sent.extend(asyncio.ensure_future(one(client, i))
+                        for i in range(start, start + ROUND))
+
+        send_round()
         while True:  # kill only once the victim is busy: its batches must be retried
             s = await app.astats(model)
             busy = [r for r in s["replica_info"]
                     if r["index"] == victim["index"] and r.get("outstanding_batches", 0) > 0]
             if busy and s["batches"] > before["batches"]:
                 break
-            assert not all(f.done() for f in first), "the load ended before the kill"
+            if sum(not f.done() for f in sent) < ROUND // 2:  # keep the replicas busy
+                assert len(sent) < MAX_ROUNDS * ROUND, (
+                    f"{len(sent)} requests answered and the victim never seen busy: {s}")
+                send_round()
             await asyncio.sleep(0.005)
         # SIGKILL, as the OOM killer would: the actor dies with no chance to clean up.
         # (The test shares the node with the cluster; the batcher reports the pid.)
         os.kill(victim["pid"], signal.SIGKILL)
-        second = [asyncio.ensure_future(one(client, i)) for i in range(N // 2, N)]
-        return await asyncio.gather(*first, *second)
+        send_round()
+        return await asyncio.gather(*sent)
 
     results = arun(main())
+    n = len(results)
 
-    assert sorted(i for i, _ in results) == list(range(N))  # every request ended once
+    assert sorted(i for i, _ in results) == list(range(n))  # every request ended once
     errors = [(i, r) for i, r in results if isinstance(r, BaseException)]
     assert errors == [], f"{len(errors)} requests failed, e.g. {errors[:3]}"
     for i, out in results:
-        np.testing.assert_array_equal(out["OUTPUT0"], xs[i] * xs[i], err_msg=f"request {i}")
+        np.testing.assert_array_equal(out["OUTPUT0"], x(i) * x(i), err_msg=f"request {i}")
 
     after = app.stats(model)
-    assert after["success"]["count"] - before["success"]["count"] == N
+    assert after["success"]["count"] - before["success"]["count"] == n
     assert after["fail"]["count"] == before["fail"]["count"]
-    assert after["items"] - before["items"] == 2 * N  # no request was batched twice
+    assert after["items"] - before["items"] == 2 * n  # no request was batched twice
     assert after["open_requests"] == 0
     assert after["replica_deaths"] - before["replica_deaths"] == 1
     assert after["retried_batches"] > before["retried_batches"]  # its batches ran again
