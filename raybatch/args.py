@@ -33,6 +33,11 @@ def non_negative(kind: type = float) -> Callable[[str], float]:
     return _bounded(kind, lambda v: v >= 0, "0 or more")
 
 
+def at_least(minimum: float, kind: type = float) -> Callable[[str], float]:
+    """A number of `minimum` or more: a floor where less would be a busy loop."""
+    return _bounded(kind, lambda v: v >= minimum, f"of {minimum:g} or more")
+
+
 def _bounded(kind: type, ok: Callable[[float], bool], words: str) -> Callable[[str], float]:
     def parse(text: str):
         try:

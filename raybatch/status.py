@@ -13,7 +13,9 @@ from typing import Any
 
 from cluster.rayauth import add_token_file_argument
 from raybatch.apphandle import app_handle
-from raybatch.args import non_negative, positive, ray_address
+from raybatch.args import at_least, non_negative, ray_address
+
+WATCH_MIN_INTERVAL_S = 0.1
 
 
 def patient_router() -> None:
@@ -36,8 +38,11 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", action="store_true",
                    help="refresh a live view per model: req/s, queue, batch fill, p50/p99 "
                         "queue wait, replicas (Ctrl-C stops)")
-    p.add_argument("--interval", type=positive(), default=2.0, metavar="S",
-                   help="seconds between refreshes of --watch (default: 2)")
+    # each refresh is a call to the app's ingress: at least 0.1 s apart, so that a typo
+    # (1e-3, 0.0001) does not make the watch a busy loop against the cluster it watches
+    p.add_argument("--interval", type=at_least(WATCH_MIN_INTERVAL_S), default=2.0,
+                   metavar="S", help="seconds between refreshes of --watch, "
+                   f"{WATCH_MIN_INTERVAL_S:g} or more (default: 2)")
     p.add_argument("--count", type=non_negative(int), default=0, metavar="N",
                    help="stop --watch after N frames (default: 0, never)")
 

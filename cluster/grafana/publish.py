@@ -4,12 +4,16 @@
 and saves the dashboard with `overwrite` (same uid: a new version of the same
 dashboard). What Grafana answers becomes a `PublishError` whose message says what
 went wrong and what to change: the URL (unreachable), the credentials (401), the
-permissions (403), the dashboard (400, 412).
+permissions (403), the dashboard (400, 412). The HTTP client's timeout bounds each read
+only, so a server that drips its answers would hold the command forever: the whole
+exchange runs in a daemon thread and is given up on after `deadline_s`, saying what it
+was doing (the thread, blocked on its socket, ends with the command's process).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit, urlunsplit
@@ -95,28 +99,45 @@ def _folder_uid(api: Any, title: str) -> str:
 
 def publish(dashboard: dict[str, Any], url: str, *, token: str | None = None,
             user: str | None = None, password: str | None = None,
-            folder: str | None = None, timeout_s: float = 10.0) -> Published:
-    """Save `dashboard` to the Grafana at `url` (in `folder`, created if missing)."""
+            folder: str | None = None, timeout_s: float = 10.0,
+            deadline_s: float = 60.0) -> Published:
+    """Save `dashboard` to the Grafana at `url` (in `folder`, created if missing).
+    `timeout_s` bounds each read from the server, `deadline_s` the whole exchange."""
     from grafana_client import GrafanaApi
 
     url = url.rstrip("/")
     shown = _checked(url)
     api = GrafanaApi.from_url(url, credential=_credential(token, user, password),
                               timeout=timeout_s)
-    doing = "checking its health"
-    try:
-        api.client.GET("/health")
-        doing = f"finding or creating folder {folder!r}"
-        folder_uid = _folder_uid(api, folder) if folder else None
-        doing = f"saving dashboard {dashboard.get('uid')!r}"
-        body: dict[str, Any] = {"dashboard": {**dashboard, "id": None}, "overwrite": True,
-                                "message": "raybatch dashboard publish"}
-        if folder_uid:
-            body["folderUid"] = folder_uid
-        saved = api.dashboard.update_dashboard(body)
-    except PublishError:
-        raise
-    except Exception as e:  # grafana-client's errors, and the HTTP layer's (unreachable)
-        raise _explain(e, shown, doing) from None
+    doing = ["checking its health"]
+    outcome: list[Any] = []
+
+    def exchange() -> None:
+        try:
+            api.client.GET("/health")
+            doing.append(f"finding or creating folder {folder!r}")
+            folder_uid = _folder_uid(api, folder) if folder else None
+            doing.append(f"saving dashboard {dashboard.get('uid')!r}")
+            body: dict[str, Any] = {"dashboard": {**dashboard, "id": None},
+                                    "overwrite": True,
+                                    "message": "raybatch dashboard publish"}
+            if folder_uid:
+                body["folderUid"] = folder_uid
+            outcome.append(api.dashboard.update_dashboard(body))
+        except PublishError as e:
+            outcome.append(e)
+        except Exception as e:  # grafana-client's errors, the HTTP layer's (unreachable)
+            outcome.append(_explain(e, shown, doing[-1]))
+
+    worker = threading.Thread(target=exchange, name="grafana-publish", daemon=True)
+    worker.start()
+    worker.join(deadline_s)
+    if not outcome:
+        raise PublishError(f"Grafana at {shown} did not finish answering within "
+                           f"{deadline_s:g} s while {doing[-1]}: check that --url is "
+                           "Grafana's, and the network between")
+    if isinstance(outcome[0], PublishError):
+        raise outcome[0]
+    saved = outcome[0]
     where = urljoin(shown + "/", saved.get("url") or f"/d/{saved.get('uid')}")
     return Published(where, int(saved.get("version", 0)), saved.get("uid", ""), folder)

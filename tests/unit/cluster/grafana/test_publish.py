@@ -154,3 +154,40 @@ def test_a_password_in_the_url_is_used_but_never_shown(grafana, capsys):
     assert rc == 1 and PASSWORD not in err, err
     assert f"cannot reach Grafana at http://{USER}:***@127.0.0.1:" in err
 
+
+
+def test_a_server_that_drips_its_answer_is_given_up_on_at_the_deadline():
+    """Each read gets a byte in time (the per-read timeout never fires): the deadline on the
+    whole exchange ends it, saying what it was doing."""
+    import socket
+    import threading
+
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000\r\n\r\n")
+            while not stop.wait(0.02):
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    server = threading.Thread(target=drip, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(PublishError) as e:
+            publish({"uid": "u", "title": "t"}, f"http://127.0.0.1:{port}",
+                    token=EDITOR_TOKEN, timeout_s=5.0, deadline_s=0.5)
+    finally:
+        stop.set()
+        server.join(10)
+        listener.close()
+    assert str(e.value) == (f"Grafana at http://127.0.0.1:{port} did not finish answering "
+                            "within 0.5 s while checking its health: check that --url is "
+                            "Grafana's, and the network between")
