@@ -58,11 +58,16 @@ class RayOnLab:
         the GCS too."""
         log = Path(log or LAB_DIR / "head.log")
         failures = []
-        for _ in range(tries):
+        for n in range(1, tries + 1):
+            began = time.monotonic()
             address, why = self._start_head_once(num_cpus, ray_args, env, log, timeout_s)
             if address:
                 return address
             failures.append(why)
+            # said at once: were the test stopped by its own timeout during the next try,
+            # this is what its output would show of the lab
+            print(f"lab: the Ray head's start, try {n} of {tries}, failed after "
+                  f"{time.monotonic() - began:.0f} s: {why}", file=sys.stderr, flush=True)
         raise LabError(f"the Ray head did not start in {tries} tries: " + "\n--\n".join(failures))
 
     def _start_head_once(self, num_cpus: int, ray_args: Sequence[str],

@@ -27,7 +27,9 @@ import pytest
 from benchmarks.cluster.faults import Load, Outcome, host_of, late, serving
 from benchmarks.cluster.lab import HEAD_IP, Lab
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_ray]
+# the lab's Ray head may take three tries to start on a busy machine, up to 120 s each
+# (`Lab.start_head`): the suite's 300 s guard against a hang would end the test first
+pytestmark = [pytest.mark.integration, pytest.mark.own_ray, pytest.mark.timeout(600)]
 
 CLIENTS = 12
 DEADLINE_S = 3.0

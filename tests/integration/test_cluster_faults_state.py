@@ -39,7 +39,9 @@ from tests.integration.test_cluster_faults import (
     until,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_ray]
+# the lab's Ray head may take three tries to start on a busy machine, up to 120 s each
+# (`Lab.start_head`): the suite's 300 s guard against a hang would end the test first
+pytestmark = [pytest.mark.integration, pytest.mark.own_ray, pytest.mark.timeout(600)]
 
 CLIENTS = 4
 BACK_S = 120.0  # the batching actor, and a replica for new sequences, back on host 1 by then

@@ -23,7 +23,9 @@ import pytest
 from benchmarks.cluster.lab import HEAD_IP, HEAD_RAY_TMP, Lab, leftovers
 from tests.conftest import HANG_S, ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_ray]
+# the lab's Ray head may take three tries to start on a busy machine, up to 120 s each
+# (`Lab.start_head`): the suite's 300 s guard against a hang would end the test first
+pytestmark = [pytest.mark.integration, pytest.mark.own_ray, pytest.mark.timeout(600)]
 
 ECHO_PORT = 7000  # in a host's own network namespace: free whatever the machine runs
 # Greets each connection with "<its local address> <its peer's address>", then echoes.
