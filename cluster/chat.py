@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from batching.iterative.policy import MAX_STOP_CHARS, MAX_STOPS
+
+# A chat request's own stop strings (OpenAI allows 4) and the template's go to the engine
+# together, which takes MAX_STOPS in all.
+MAX_TEMPLATE_STOPS = MAX_STOPS - 4
+
 
 class ChatTemplateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -23,7 +29,8 @@ class ChatTemplateConfig(BaseModel):
     """Appended after the last message: where the model's answer begins."""
     stop: tuple[str, ...] = ("\nuser:",)
     """Stop strings added to every chat request's own: the answer ends where the model
-    starts another turn (the stop string is not part of the answer)."""
+    starts another turn (the stop string is not part of the answer). At most 12, each of
+    at most 256 characters: a request adds up to 4 of its own."""
 
     @field_validator("message")
     @classmethod
@@ -43,4 +50,8 @@ class ChatTemplateConfig(BaseModel):
     def _non_empty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not all(v):
             raise ValueError("chat_template.stop: each stop string must be non-empty")
+        if len(v) > MAX_TEMPLATE_STOPS or any(len(s) > MAX_STOP_CHARS for s in v):
+            raise ValueError(f"chat_template.stop: at most {MAX_TEMPLATE_STOPS} stop strings "
+                             f"(a request adds up to 4 of its own), each of at most "
+                             f"{MAX_STOP_CHARS} characters")
         return v

@@ -240,13 +240,16 @@ def _first_stop(text: str, stops: Sequence[str], start: int) -> int | None:
 
 def _held_back(text: str, stops: Sequence[str], start: int) -> int:
     """How many characters at the end of `text` (after `start`) to hold back: the longest
-    end that is the beginning of a stop string."""
-    hold, room = 0, len(text) - start
+    end that is the beginning of a stop string. Only ends that begin with a stop's first
+    character are compared (found by `str.find`, longest first)."""
+    hold, room, n = 0, len(text) - start, len(text)
     for stop in stops:
-        for k in range(min(len(stop) - 1, room), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
+        i = text.find(stop[0], n - min(len(stop) - 1, room))
+        while i != -1 and n - i > hold:
+            if stop.startswith(text[i:]):
+                hold = n - i
                 break
+            i = text.find(stop[0], i + 1)
     return min(hold, room)
 
 

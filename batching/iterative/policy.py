@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from batching.errors import InvalidRequest
 
+# Stop strings are looked for in each sequence's new text at every step, on the host that
+# steps every sequence of the model: their count and length bound that work, so that one
+# request cannot slow every other sequence's steps (vLLM sets no bound; OpenAI allows 4).
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+
 
 class Prompted(Protocol):
     """What the policy reads of a generation request (`GenerateRequest` has it)."""
@@ -115,6 +121,11 @@ class IterativePolicy(BaseModel):
             raise InvalidRequest(f"request {request.id!r} has an empty prompt: send some text")
         if any(not stop for stop in request.stop):
             raise InvalidRequest(f"request {request.id!r} has an empty stop string: drop it")
+        if len(request.stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in request.stop):
+            raise InvalidRequest(
+                f"request {request.id!r} has {len(request.stop)} stop strings, the longest "
+                f"of {max(map(len, request.stop))} characters: send at most {MAX_STOPS}, each "
+                f"of at most {MAX_STOP_CHARS} characters")
         n = request.prompt_tokens if request.prompt_tokens >= 0 else len(request.prompt)
         if n > self.max_step_tokens:
             raise InvalidRequest(

@@ -140,9 +140,14 @@ def is_uint(value: Any) -> bool:
 
 
 def is_seconds(value: Any) -> bool:
-    """A finite non-negative number of seconds (true/false are not numbers here)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and 0 <= value < math.inf)
+    """A finite non-negative number of seconds (true/false are not numbers here; nor is an
+    integer too large for a float, which a deadline's arithmetic could not hold)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return 0 <= float(value) < math.inf
+    except OverflowError:
+        return False
 
 
 def read_inputs(entries: Any, binary: memoryview | None, spec: ModelSpec,

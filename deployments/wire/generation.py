@@ -84,9 +84,9 @@ def generate_request(request_id: Any, prompt: Any,
                              f"seconds, got {timeout_s!r}")
     if "timeout" in params:
         us = params["timeout"]
-        if not is_uint(us):
+        if not is_uint(us) or us >= 2**64:  # the wire's uint64; past it, no float holds it
             raise InvalidRequest(f"parameter 'timeout' must be a non-negative integer in "
-                                 f"microseconds, got {us!r}")
+                                 f"microseconds, below 2**64, got {us!r}")
         timeout_s = us / 1e6 if us else None
     temperature, top_p, seed = check_sampling(params.get("temperature"), params.get("top_p"),
                                               params.get("seed"))

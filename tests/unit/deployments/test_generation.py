@@ -135,6 +135,8 @@ def test_bad_parameters_fail_before_any_call():
     ({"priority": True}, "priority"), ({"timeout": True}, "microseconds"),
     ({"timeout_s": "5"}, "timeout_s"), ({"timeout_s": -1}, "timeout_s"),
     ({"timeout_s": float("nan")}, "timeout_s"), ({"timeout_s": False}, "timeout_s"),
+    ({"timeout_s": 10**400}, "timeout_s"),
+    ({"timeout": 10**400}, "below 2\\*\\*64"),  # a Python caller's: was an OverflowError
 ])
 def test_generate_request_checks_each_parameter(params, words):
     with pytest.raises(InvalidRequest, match=words):

@@ -85,6 +85,7 @@ def test_codec_decoded_inputs_keep_the_item_limit():
     ({"timeout_s": float("nan")}, "timeout_s must be a non-negative number"),
     ({"timeout_s": float("inf")}, "timeout_s must be a non-negative number"),
     ({"timeout_s": True}, "timeout_s must be a non-negative number"),
+    ({"timeout_s": 10**400}, "timeout_s must be a non-negative number"),  # OverflowError
     ({"sequence_id": 3, "sequence_start": "yes"}, "sequence_start and sequence_end must be"),
     ({"sequence_id": 3, "sequence_end": 1}, "sequence_start and sequence_end must be"),
 ])

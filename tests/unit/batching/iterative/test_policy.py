@@ -85,6 +85,12 @@ def test_request_checks_answer_400_with_the_fix():
         p.prompt_tokens_of(GenerateRequest("a", ""))
     with pytest.raises(InvalidRequest, match="empty stop string"):
         p.prompt_tokens_of(GenerateRequest("a", "hi", stop=("",)))
+    # every step looks for each stop string: their count and length are bounded
+    assert p.prompt_tokens_of(GenerateRequest("a", "hi", stop=("x" * 256,) * 16)) == 2
+    with pytest.raises(InvalidRequest, match=r"17 stop strings.*at most 16, each of at most 256"):
+        p.prompt_tokens_of(GenerateRequest("a", "hi", stop=("\n",) * 17))
+    with pytest.raises(InvalidRequest, match="the longest of 257 characters"):
+        p.prompt_tokens_of(GenerateRequest("a", "hi", stop=("\n", "x" * 257)))
     assert (p.timeout_of(None), p.timeout_of(5.0), p.timeout_of(0.5)) == (2.0, 2.0, 0.5)
     assert IterativePolicy().timeout_of(None) == math.inf
     with pytest.raises(InvalidRequest, match="timeout_s=0 must be > 0"):
