@@ -38,6 +38,11 @@ def at_least(minimum: float, kind: type = float) -> Callable[[str], float]:
     return _bounded(kind, lambda v: v >= minimum, f"of {minimum:g} or more")
 
 
+def between(low: float, high: float, kind: type = float) -> Callable[[str], float]:
+    """A number from `low` to `high`: where more would take the machine's memory."""
+    return _bounded(kind, lambda v: low <= v <= high, f"from {low:,} to {high:,}")
+
+
 def _bounded(kind: type, ok: Callable[[float], bool], words: str) -> Callable[[str], float]:
     def parse(text: str):
         try:

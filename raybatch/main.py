@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+DEMO_MAX_CLIENTS = 100_000
+
 
 def _lazy(target: str):
     """A subcommand handler that imports 'module:function' only when it runs."""
@@ -40,7 +42,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from raybatch import serving
-    from raybatch.args import non_negative, positive
+    from raybatch.args import between, non_negative, positive
 
     parser = argparse.ArgumentParser(prog="raybatch", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a demo model behind the embedded batcher under load")
     demo.add_argument("--model", choices=["square", "mlp", "sleep"], default="mlp")
-    demo.add_argument("--concurrency", type=positive(int), default=64,
-                      help="concurrent clients")
+    demo.add_argument("--concurrency", type=between(1, DEMO_MAX_CLIENTS, int), default=64,
+                      help=f"concurrent clients (at most {DEMO_MAX_CLIENTS:,}: each is a "
+                      "coroutine of this process)")
     demo.add_argument("--seconds", type=positive(), default=5.0, help="how long to send load")
     demo.add_argument("--max-batch-size", type=positive(int), default=64)
     demo.add_argument("--max-queue-delay-ms", type=non_negative(), default=2.0)

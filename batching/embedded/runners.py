@@ -28,6 +28,11 @@ from batching.errors import WorkerDied
 from batching.loop import ReplicaDied
 from batching.model import instantiate, run_batch
 
+# The child's entry: its module imported, not run as __main__ with `-m` (its package,
+# imported first, imports it too, and runpy warns of that on every start).
+WORKER_MAIN = ("import os, sys; from batching.embedded.worker import main; "
+               "main(sys.argv[1:]); os._exit(0)")
+
 
 class ProcessRunner:
     name = "worker-process"
@@ -50,7 +55,7 @@ class ProcessRunner:
         ours, theirs = socket.socketpair()
         env = {**os.environ, **self._env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "batching.embedded.worker", str(theirs.fileno())],
+            [sys.executable, "-c", WORKER_MAIN, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), env=env,
         )
         theirs.close()

@@ -4,7 +4,8 @@ One worker runs batches one after another, in the order they were sent; the
 host keeps up to `max_inflight_batches` outstanding so the next batch is already
 waiting when the current one ends, and batching overlaps compute.
 
-The process is started as `python -m batching.embedded.worker FD` on one end of a
+The process is started as `python -c` calling `main([FD])` (`runners.WORKER_MAIN`; or
+`python -m batching.embedded.worker FD`) on one end of a
 socketpair (not with multiprocessing's spawn), so a user's script is never
 re-imported in the child. The transformer travels as a cloudpickle blob: a class
 defined in a notebook or in `__main__` works. A reader thread in the child keeps

@@ -25,7 +25,8 @@ def test_a_port_out_of_range_is_refused_before_anything_starts(args, capsys):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["demo", "--concurrency", "0"], "give an integer above 0"),
+    (["demo", "--concurrency", "0"], "give an integer from 1 to 100,000"),
+    (["demo", "--concurrency", "100000000"], "give an integer from 1 to 100,000"),  # hung
     (["demo", "--seconds", "-1"], "give a number above 0"),
     (["demo", "--seconds", "nan"], "give a number above 0"),
     (["demo", "--max-batch-size", "0"], "give an integer above 0"),

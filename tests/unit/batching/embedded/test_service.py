@@ -71,7 +71,7 @@ def gated(policy=None, **kw):
     return svc, gate, seen
 
 
-def test_square_in_a_worker_process():
+def test_square_in_a_worker_process(capfd):
     async def main():
         async with BatchedService(Square, policy=DynamicPolicy(max_batch_size=64,
                                                                max_queue_delay_s=0.002)) as svc:
@@ -80,6 +80,8 @@ def test_square_in_a_worker_process():
             assert got == [i * i for i in range(300)]
             assert svc.stats()["mean_batch_size"] > 1
     run(main())
+    # the worker's start says nothing (`python -m` of it warned on every start, in runpy)
+    assert capfd.readouterr().err == ""
 
 
 def test_submit_many_is_split_and_joined_in_order():
