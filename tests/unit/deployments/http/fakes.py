@@ -115,6 +115,7 @@ class FakeBackend:
         request = generate_request(0, text, params)  # the real checks of a generate body
         if not request.prompt:
             raise InvalidRequest("the prompt is empty: send some text")
+        POLICY.prompt_tokens_of(request)  # the engine's checks of its prompt and stops
         n = POLICY.max_tokens_of(3 if request.max_tokens is None else request.max_tokens)
         return self._words(text, n)
 

@@ -165,6 +165,8 @@ BAD_GENERATE: list[Any] = [
     {"text_input": "a", "parameters": {"max_tokens": True}},
     {"text_input": "a", "parameters": {"stop": [["x"]]}},
     {"text_input": "a", "parameters": {"stop": ""}},
+    {"text_input": "a", "parameters": {"stop": ["."] * 17}},  # looked for at every step
+    {"text_input": "a", "parameters": {"stop": "x" * 257}},
     {"text_input": "a", "parameters": {"temperature": 2.5}},
     {"text_input": "a", "parameters": {"top_p": 0}},
     {"text_input": "a", "parameters": {"seed": -1}},
@@ -203,7 +205,7 @@ BAD_OPENAI_COMMON: dict[str, list[Any]] = {
     "n": [2, 5, "1", True], "presence_penalty": [0.5, "x"], "frequency_penalty": [-1],
     "logit_bias": [{"5": 1}], "logprobs": [True, 2, 0],
     "stream": ["yes", 2, [], {}, 1, 0], "stream_options": [{"include_usage": True}],
-    "stop": [["a", "b", "c", "d", "e"], [1], "", [""], {}, 5, [["x"]], ("raw", DEEP)],
+    "stop": ["x" * 257, ["a", "b", "c", "d", "e"], [1], "", [""], {}, 5, [["x"]], ("raw", DEEP)],
     "seed": [-1, "x", 1.5, 2**63, True],
     "priority": [-1, "hi", 2**70], "timeout": [-5, "soon", 1.5],
     "frobnicate": [1, None],
