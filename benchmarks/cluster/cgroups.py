@@ -2,7 +2,8 @@
 
 What it decides: a host's CPU is a cgroup's quota (`cpu.max` on cgroup v2; cgroup v1's CFS
 quota where the cpu controller is bound to v1, as on a hybrid machine), with the heaviest
-weight, so that a host gets its quota whatever else runs here, and no more. Membership and
+weight, so that a host gets its quota whatever else runs here, and no more; the head's
+cgroup has the same weight and no quota. Membership and
 killing go through the cgroup2 hierarchy where there is one (`cgroup.kill` also takes the
 processes forked meanwhile); else each process gets SIGKILL.
 
@@ -59,24 +60,26 @@ class Cgroups:
         return [root / name for root in self.roots() if (root / name).is_dir()]
 
     def create(self, name: str, cpus: float | None) -> None:
-        """A cgroup with a quota of `cpus`, or with None one that only tracks (the head: in
-        v1's cpu a group of its own would weigh as much as one task of the machine)."""
-        if cpus is not None and not self.v1 and \
+        """A cgroup with the heaviest weight and a quota of `cpus` (None: no quota, the
+        head's). The weight is what makes either a machine of its own: whatever else runs
+        here, it gets the CPU it asks for (a host up to its quota). Without it a group
+        weighs as much as one task of the machine's root (cgroup v1's `cpu.shares`, v2's
+        `cpu.weight` of 100): beside a busy machine (a CPU hog and a test lane of many Ray
+        workers, load average 25 on 2 cores) the head's GCS answered its raylet too late,
+        the raylet died at its first call, and `ray start` gave up three times in a row."""
+        if not self.v1 and \
                 "cpu" not in (self.quota / "cgroup.subtree_control").read_text().split():
             (self.quota / "cgroup.subtree_control").write_text("+cpu")
-        for root in self.roots() if cpus is not None or not self.track else [self.track]:
+        for root in self.roots():
             (root / name).mkdir(exist_ok=True)
-        if cpus is None:
-            return
-        quota_us = max(1000, round(cpus * PERIOD_US))
-        # The heaviest weight too: a host gets its quota whatever else the machine runs (as
-        # a machine of its own would), and no more.
+        quota_us = -1 if cpus is None else max(1000, round(cpus * PERIOD_US))
         if self.v1:
             (self.quota / name / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.quota / name / "cpu.cfs_quota_us").write_text(str(quota_us))
             (self.quota / name / "cpu.shares").write_text("262144")
         else:
-            (self.quota / name / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
+            (self.quota / name / "cpu.max").write_text(
+                f"{'max' if quota_us < 0 else quota_us} {PERIOD_US}")
             (self.quota / name / "cpu.weight").write_text("10000")
 
     def procs_files(self, name: str) -> list[Path]:

@@ -220,7 +220,8 @@ class Lab(RayOnLab):
     def run(self, host: int | None, argv: Sequence[str], env: Mapping[str, str] | None = None,
             log: str | os.PathLike[str] | None = None, **popen: Any) -> subprocess.Popen:
         """Run `argv` on `host` (its netns, cgroup and /tmp), or on the head with None (the
-        root namespace, in a cgroup of its own so that close() finds it); output to `log`."""
+        root namespace, in a cgroup of its own so that close() finds it, with the weight that
+        gives it the CPU it asks for: cgroups.py); output to `log`."""
         name = HEAD_CGROUP if host is None else self._host(host)
         joins = "".join(f"echo $$ > {shlex.quote(str(f))} && "
                         for f in self._cg().procs_files(name))

@@ -150,6 +150,34 @@ class TestTwoHosts:
         assert 0.0 < used <= 0.4 * wall + 0.05, (used, wall)
         assert throttled >= 1  # it was the quota that held them back, not a busy machine
 
+    def test_the_head_gets_the_cpu_it_asks_for_beside_a_crowd(self, lab):
+        """The head's cgroup weighs as a machine of its own: beside 8 busy processes of the
+        machine, each in a session of its own (the kernel's autogroups then weigh each as
+        much as the head's session; a CI box with a hog and a lane of Ray workers reached a
+        load average of 25 on 2 cores), a busy process of the head gets far more CPU than
+        one of them. Without that weight, beside 24 such processes the head's GCS answered
+        its raylet too late and `ray start` gave up three times in a row. The two are
+        compared over the same second, so a slow machine shifts both."""
+        def cpu_ticks(pid: int) -> int:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime
+
+        crowd = [subprocess.Popen(py("while True: pass"), start_new_session=True)
+                 for _ in range(8)]
+        try:
+            head = lab.run(None, py("while True: pass"))
+            time.sleep(0.5)  # all running
+            before = cpu_ticks(head.pid), [cpu_ticks(p.pid) for p in crowd]
+            time.sleep(1.0)
+            head_used = cpu_ticks(head.pid) - before[0]
+            crowd_used = [cpu_ticks(p.pid) - b for p, b in zip(crowd, before[1])]
+        finally:
+            lab.kill(None)
+            for p in crowd:
+                p.kill()
+                p.wait()
+        assert head_used > 2 * max(crowd_used), (head_used, crowd_used)
+
     def test_each_host_has_its_own_tmp(self, lab):
         name = f"lab-private-{os.getpid()}"
         assert lab.run(0, ["sh", "-c", f"echo here > /tmp/{name}"]).wait(timeout=HANG_S) == 0
