@@ -3,7 +3,7 @@
 What it decides: a host's CPU is a cgroup's quota (`cpu.max` on cgroup v2; cgroup v1's CFS
 quota where the cpu controller is bound to v1, as on a hybrid machine), with the heaviest
 weight, so that a host gets its quota whatever else runs here, and no more; the head's
-cgroup has the same weight and no quota. Membership and
+cgroup has no quota and the weight of a few busy tasks (`create`). Membership and
 killing go through the cgroup2 hierarchy where there is one (`cgroup.kill` also takes the
 processes forked meanwhile); else each process gets SIGKILL.
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks.cluster.names import PREFIX, LabError
 
 PERIOD_US = 100_000
+HEAD_TASKS = 8  # the head's weight, in busy tasks of the machine (`Cgroups.create`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,14 +60,17 @@ class Cgroups:
         """`name`'s cgroups: in the tracking hierarchy, and in v1's cpu where it has a quota."""
         return [root / name for root in self.roots() if (root / name).is_dir()]
 
-    def create(self, name: str, cpus: float | None) -> None:
-        """A cgroup with the heaviest weight and a quota of `cpus` (None: no quota, the
-        head's). The weight is what makes either a machine of its own: whatever else runs
-        here, it gets the CPU it asks for (a host up to its quota). Without it a group
-        weighs as much as one task of the machine's root (cgroup v1's `cpu.shares`, v2's
-        `cpu.weight` of 100): beside a busy machine (a CPU hog and a test lane of many Ray
-        workers, load average 25 on 2 cores) the head's GCS answered its raylet too late,
-        the raylet died at its first call, and `ray start` gave up three times in a row."""
+    def create(self, name: str, cpus: float | None, tasks: int = 256) -> None:
+        """A cgroup that weighs as much as `tasks` busy tasks (or sessions) of the machine,
+        with a quota of `cpus` (None: no quota, the head's). A host has the heaviest weight:
+        whatever else runs here, it gets its quota, as a machine of its own would. The head,
+        with no quota, weighs as 8 (`HEAD_TASKS`): enough that beside a busy machine it still
+        starts, not so much that it takes both cores from the rest while it serves. With
+        the weight of one (a group of cgroup v1's `cpu.shares` 1024, v2's `cpu.weight` 100,
+        as each session's autogroup is), beside 24 busy sessions the head's GCS answered its
+        raylet too late, the raylet died at its first call, and `ray start` gave up three
+        times in a row (as beside a CI box with a CPU hog and a lane of Ray workers, load
+        average 25 on 2 cores)."""
         if not self.v1 and \
                 "cpu" not in (self.quota / "cgroup.subtree_control").read_text().split():
             (self.quota / "cgroup.subtree_control").write_text("+cpu")
@@ -76,11 +80,11 @@ class Cgroups:
         if self.v1:
             (self.quota / name / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.quota / name / "cpu.cfs_quota_us").write_text(str(quota_us))
-            (self.quota / name / "cpu.shares").write_text("262144")
+            (self.quota / name / "cpu.shares").write_text(str(1024 * tasks))
         else:
             (self.quota / name / "cpu.max").write_text(
                 f"{'max' if quota_us < 0 else quota_us} {PERIOD_US}")
-            (self.quota / name / "cpu.weight").write_text("10000")
+            (self.quota / name / "cpu.weight").write_text(str(min(10000, 100 * tasks)))
 
     def procs_files(self, name: str) -> list[Path]:
         return [d / "cgroup.procs" for d in self.dirs(name)]

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cgroups import Cgroups, require
+from benchmarks.cluster.cgroups import HEAD_TASKS, Cgroups, require
 from benchmarks.cluster.labray import HEAD_RAY_TMP, RayOnLab
 from benchmarks.cluster.names import HEAD_IP, LAB_DIR, PREFIX, LabError, sh
 
@@ -220,8 +220,8 @@ class Lab(RayOnLab):
     def run(self, host: int | None, argv: Sequence[str], env: Mapping[str, str] | None = None,
             log: str | os.PathLike[str] | None = None, **popen: Any) -> subprocess.Popen:
         """Run `argv` on `host` (its netns, cgroup and /tmp), or on the head with None (the
-        root namespace, in a cgroup of its own so that close() finds it, with the weight that
-        gives it the CPU it asks for: cgroups.py); output to `log`."""
+        root namespace, in a cgroup of its own so that close() finds it, weighing as a few busy
+        tasks of the machine: cgroups.py); output to `log`."""
         name = HEAD_CGROUP if host is None else self._host(host)
         joins = "".join(f"echo $$ > {shlex.quote(str(f))} && "
                         for f in self._cg().procs_files(name))
@@ -318,7 +318,7 @@ class Lab(RayOnLab):
     def _build(self) -> None:
         cg = self._cg()
         LAB_DIR.mkdir()
-        cg.create(HEAD_CGROUP, None)
+        cg.create(HEAD_CGROUP, None, tasks=HEAD_TASKS)
         sh("ip", "link", "add", BRIDGE, "type", "bridge")
         _no_ipv6(BRIDGE)
         sh("ip", "addr", "add", f"{HEAD_IP}/24", "dev", BRIDGE)

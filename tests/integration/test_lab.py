@@ -151,13 +151,13 @@ class TestTwoHosts:
         assert throttled >= 1  # it was the quota that held them back, not a busy machine
 
     def test_the_head_gets_the_cpu_it_asks_for_beside_a_crowd(self, lab):
-        """The head's cgroup weighs as a machine of its own: beside 8 busy processes of the
-        machine, each in a session of its own (the kernel's autogroups then weigh each as
-        much as the head's session; a CI box with a hog and a lane of Ray workers reached a
+        """The head's cgroup weighs as 8 busy tasks of the machine: beside 8 busy processes,
+        each in a session of its own (the kernel's autogroups then weigh each as much as a
+        session of the head would; a CI box with a hog and a lane of Ray workers reached a
         load average of 25 on 2 cores), a busy process of the head gets far more CPU than
-        one of them. Without that weight, beside 24 such processes the head's GCS answered
-        its raylet too late and `ray start` gave up three times in a row. The two are
-        compared over the same second, so a slow machine shifts both."""
+        one of them. With the weight of one, beside 24 such processes the head's GCS
+        answered its raylet too late and `ray start` gave up three times in a row. The two
+        are compared over the same second, so a slow machine shifts both."""
         def cpu_ticks(pid: int) -> int:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             return int(fields[11]) + int(fields[12])  # utime + stime
