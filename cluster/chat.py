@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from batching.iterative.policy import MAX_STOP_CHARS, MAX_STOPS
 
-# A chat request's own stop strings (OpenAI allows 4) and the template's go to the engine
-# together, which takes MAX_STOPS in all.
-MAX_TEMPLATE_STOPS = MAX_STOPS - 4
+OPENAI_MAX_STOPS = 4  # OpenAI's limit on a request's own `stop` sequences
+# A chat request's own stop strings and the template's go to the engine together, which
+# takes MAX_STOPS in all.
+MAX_TEMPLATE_STOPS = MAX_STOPS - OPENAI_MAX_STOPS
 
 
 class ChatTemplateConfig(BaseModel):
@@ -52,6 +53,6 @@ class ChatTemplateConfig(BaseModel):
             raise ValueError("chat_template.stop: each stop string must be non-empty")
         if len(v) > MAX_TEMPLATE_STOPS or any(len(s) > MAX_STOP_CHARS for s in v):
             raise ValueError(f"chat_template.stop: at most {MAX_TEMPLATE_STOPS} stop strings "
-                             f"(a request adds up to 4 of its own), each of at most "
-                             f"{MAX_STOP_CHARS} characters")
+                             f"(a request adds up to {OPENAI_MAX_STOPS} of its own), each of "
+                             f"at most {MAX_STOP_CHARS} characters")
         return v

@@ -64,6 +64,8 @@ class RayOnLab:
             if address:
                 return address
             failures.append(why)
+            if n == tries:
+                break  # the error below says it
             # said at once: were the test stopped by its own timeout during the next try,
             # this is what its output would show of the lab
             print(f"lab: the Ray head's start, try {n} of {tries}, failed after "

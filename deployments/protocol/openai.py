@@ -26,11 +26,12 @@ from typing import Any
 import orjson
 
 from batching.errors import InvalidRequest
+from cluster.chat import OPENAI_MAX_STOPS
 from deployments.protocol.limits import shown
 from deployments.protocol.request import load_json
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # ours -> OpenAI's
-MAX_STOPS = 4  # OpenAI's limit on `stop` sequences
+MAX_STOPS = OPENAI_MAX_STOPS  # OpenAI's limit on `stop` sequences
 DONE = b"data: [DONE]\n\n"
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
