@@ -123,7 +123,8 @@ class IterativePolicy(BaseModel):
             raise InvalidRequest(f"request {request.id!r} has an empty stop string: drop it")
         if len(request.stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in request.stop):
             raise InvalidRequest(
-                f"request {request.id!r} has {len(request.stop)} stop strings, the longest "
+                f"request {request.id!r} has {len(request.stop)} stop "
+                f"string{'' if len(request.stop) == 1 else 's'}, the longest "
                 f"of {max(map(len, request.stop))} characters: send at most {MAX_STOPS}, each "
                 f"of at most {MAX_STOP_CHARS} characters")
         n = request.prompt_tokens if request.prompt_tokens >= 0 else len(request.prompt)
