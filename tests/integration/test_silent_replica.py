@@ -8,9 +8,12 @@ own, run through it. The engine's heartbeat takes the connection for lost after
 their deadline allows (else 503), and the pool stops the silent replica and starts
 another. With a 3 s timeout the batches of the silent replica run again in time; with
 1.5 s (less than `link_dead_s`) its requests end with 504 at their deadline. Checked:
-every request ends within its timeout + 1 s, with its own x² or a 503/504 (never another
-error, never another request's answer), each counted once by the batching actor; the
-stopped process, resumed, answers nothing more; the model is back to two replicas.
+every request ends within its timeout + 1 s, with its own x², a 503/504, or a 429
+`Overloaded` saying it was shed before it ran (at half the model's capacity a 1.5 s deadline
+can be past what the queue drains in time, and admission says so rather than let it time
+out; never another error, never another request's answer), each counted once by the
+batching actor; the stopped process, resumed, answers nothing more; the model is back to
+two replicas.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import numpy as np
 import pytest
 
-from batching.errors import RaybatchError, http_status
+from batching.errors import Overloaded, RaybatchError, http_status
 from deployments.ingress.client import RaybatchClient
 from tests.conftest import arun, wait_until
 
@@ -83,7 +86,7 @@ def test_a_silent_replica_costs_no_request_past_its_deadline_and_no_wrong_answer
     for i, _, got in ended:
         if isinstance(got, BaseException):
             failed.append(got)
-            if http_status(got) not in (503, 504):
+            if http_status(got) not in (503, 504) and not isinstance(got, Overloaded):
                 wrong.append((i, repr(got)[:160]))
         elif not np.array_equal(got, np.array([i * i, (i + 0.5) ** 2], np.float32)):
             wrong.append((i, got))
