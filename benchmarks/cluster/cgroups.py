@@ -3,7 +3,8 @@
 What it decides: a host's CPU is a cgroup's quota (`cpu.max` on cgroup v2; cgroup v1's CFS
 quota where the cpu controller is bound to v1, as on a hybrid machine), with the heaviest
 weight, so that a host gets its quota whatever else runs here, and no more; the head's
-cgroup has no quota and the weight of a few busy tasks (`create`). Membership and
+cgroup has no quota, the weight of a few busy tasks while Ray starts there and of one
+session after (`create`, `weigh`). Membership and
 killing go through the cgroup2 hierarchy where there is one (`cgroup.kill` also takes the
 processes forked meanwhile); else each process gets SIGKILL.
 
@@ -24,7 +25,10 @@ from pathlib import Path
 from benchmarks.cluster.names import PREFIX, LabError
 
 PERIOD_US = 100_000
-HEAD_TASKS = 8  # the head's weight, in busy tasks of the machine (`Cgroups.create`)
+# The head's weight, in busy tasks of the machine (`Cgroups.create`): while its Ray starts
+# (Ray gives a raylet a fixed 30 s to register with the GCS), then while it serves.
+HEAD_STARTING_TASKS = 8
+HEAD_TASKS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,16 +65,11 @@ class Cgroups:
         return [root / name for root in self.roots() if (root / name).is_dir()]
 
     def create(self, name: str, cpus: float | None, tasks: int = 256) -> None:
-        """A cgroup that weighs as much as `tasks` busy tasks (or sessions) of the machine,
-        with a quota of `cpus` (None: no quota, the head's). A host has the heaviest weight:
-        whatever else runs here, it gets its quota, as a machine of its own would. The head,
-        with no quota, weighs as 8 (`HEAD_TASKS`): enough that beside a busy machine it still
-        starts, not so much that it takes both cores from the rest while it serves. With
-        the weight of one (a group of cgroup v1's `cpu.shares` 1024, v2's `cpu.weight` 100,
-        as each session's autogroup is), beside 24 busy sessions the head's GCS answered its
-        raylet too late, the raylet died at its first call, and `ray start` gave up three
-        times in a row (as beside a CI box with a CPU hog and a lane of Ray workers, load
-        average 25 on 2 cores)."""
+        """A cgroup that weighs as much as `tasks` busy tasks (or sessions) of the machine
+        (`weigh`), with a quota of `cpus` (None: no quota, the head's). A host has the
+        heaviest weight: whatever else runs here, it gets its quota, as a machine of its own
+        would. The head, with no quota, weighs as one session (`HEAD_TASKS`) but while its
+        Ray starts (`HEAD_STARTING_TASKS`, `Lab.head_starting`)."""
         if not self.v1 and \
                 "cpu" not in (self.quota / "cgroup.subtree_control").read_text().split():
             (self.quota / "cgroup.subtree_control").write_text("+cpu")
@@ -80,10 +79,19 @@ class Cgroups:
         if self.v1:
             (self.quota / name / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.quota / name / "cpu.cfs_quota_us").write_text(str(quota_us))
-            (self.quota / name / "cpu.shares").write_text(str(1024 * tasks))
         else:
             (self.quota / name / "cpu.max").write_text(
                 f"{'max' if quota_us < 0 else quota_us} {PERIOD_US}")
+        self.weigh(name, tasks)
+
+    def weigh(self, name: str, tasks: int) -> None:
+        """Give `name` the CPU weight of `tasks` busy tasks of the machine: a group of
+        cgroup v1's `cpu.shares` 1024 or v2's `cpu.weight` 100 weighs as one busy task in
+        the root, or as one session where the kernel's autogroups are on (each session's
+        processes weigh as one group)."""
+        if self.v1:
+            (self.quota / name / "cpu.shares").write_text(str(1024 * tasks))
+        else:
             (self.quota / name / "cpu.weight").write_text(str(min(10000, 100 * tasks)))
 
     def procs_files(self, name: str) -> list[Path]:

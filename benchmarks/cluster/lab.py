@@ -39,11 +39,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cgroups import HEAD_TASKS, Cgroups, require
+from benchmarks.cluster.cgroups import HEAD_STARTING_TASKS, HEAD_TASKS, Cgroups, require
 from benchmarks.cluster.labray import HEAD_RAY_TMP, RayOnLab
 from benchmarks.cluster.names import HEAD_IP, LAB_DIR, PREFIX, LabError, sh
 
@@ -220,8 +220,8 @@ class Lab(RayOnLab):
     def run(self, host: int | None, argv: Sequence[str], env: Mapping[str, str] | None = None,
             log: str | os.PathLike[str] | None = None, **popen: Any) -> subprocess.Popen:
         """Run `argv` on `host` (its netns, cgroup and /tmp), or on the head with None (the
-        root namespace, in a cgroup of its own so that close() finds it, weighing as a few busy
-        tasks of the machine: cgroups.py); output to `log`."""
+        root namespace, in a cgroup of its own so that close() finds it, weighing as one
+        session of the machine but while its Ray starts: `head_starting`); output to `log`."""
         name = HEAD_CGROUP if host is None else self._host(host)
         joins = "".join(f"echo $$ > {shlex.quote(str(f))} && "
                         for f in self._cg().procs_files(name))
@@ -289,6 +289,21 @@ class Lab(RayOnLab):
         if not 0 <= host < self.hosts:
             raise IndexError(f"host {host} is not in this lab of {self.hosts}")
         return f"{PREFIX}h{host}"
+
+    @contextlib.contextmanager
+    def head_starting(self) -> Iterator[None]:
+        """The head's cgroup weighs as a few busy tasks of the machine (HEAD_STARTING_TASKS)
+        within, as one session after. Ray gives a raylet a fixed 30 s to register with its
+        GCS: at the weight of one, beside a busy machine (24 busy sessions; a CI box with a
+        CPU hog and a lane of Ray workers, load average 25 on 2 cores) the GCS answered too
+        late and `ray start` gave up three times in a row. Kept while the head serves, that
+        weight took most of a core from the rest of the machine (the other test lane's
+        metrics agent missed every Prometheus scrape)."""
+        self._cg().weigh(HEAD_CGROUP, HEAD_STARTING_TASKS)
+        try:
+            yield
+        finally:
+            self._cg().weigh(HEAD_CGROUP, HEAD_TASKS)
 
     def _cg(self) -> Cgroups:
         if self._cgroups is None or self._lock is None:

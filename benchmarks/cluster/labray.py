@@ -55,12 +55,13 @@ class RayOnLab:
         `tries` times in all: on a machine with a CPU hog and the other test lane beside,
         the head's raylet once died at its first call to the GCS (a RAY_CHECK on a timed
         out call) a minute after the port listened, and `ray start --block` then stopped
-        the GCS too."""
+        the GCS too. The head weighs more while it starts (`head_starting`)."""
         log = Path(log or LAB_DIR / "head.log")
         failures = []
         for n in range(1, tries + 1):
             began = time.monotonic()
-            address, why = self._start_head_once(num_cpus, ray_args, env, log, timeout_s)
+            with self.head_starting():
+                address, why = self._start_head_once(num_cpus, ray_args, env, log, timeout_s)
             if address:
                 return address
             failures.append(why)
