@@ -258,7 +258,7 @@ def stop(args: argparse.Namespace) -> dict[str, Any]:
         started.append(up)
         up.wait_for(t.READY)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "raybatch.main", "down"], cwd=ROOT, env=env,
+        subprocess.run([sys.executable, "-m", "raybatch", "down"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=t.HANG_S)
         got = up.exit_code()
         took = time.monotonic() - t0

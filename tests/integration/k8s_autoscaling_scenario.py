@@ -119,7 +119,7 @@ def autoscaler_config(rendered: dict[str, Any], gcs_address: str) -> dict[str, A
 
 def status_json(address: str) -> dict[str, Any]:
     """`raybatch status --json`, as a user would run it."""
-    proc = subprocess.run([sys.executable, "-m", "raybatch.main", "status", "--address",
+    proc = subprocess.run([sys.executable, "-m", "raybatch", "status", "--address",
                            address, "--app", APP, "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     if proc.returncode != 0:

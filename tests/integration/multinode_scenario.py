@@ -100,7 +100,7 @@ async def far_batches() -> tuple[list, dict]:
 
 def status(address: str, *flags: str) -> str:
     """`raybatch status`, as a user would run it."""
-    proc = subprocess.run([sys.executable, "-m", "raybatch.main", "status", "--address", address,
+    proc = subprocess.run([sys.executable, "-m", "raybatch", "status", "--address", address,
                            "--app", APP, *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     if proc.returncode != 0:

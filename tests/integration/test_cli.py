@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def raybatch(*args: str, env: dict | None = None, timeout_s: float = 120):
     exe = shutil.which("raybatch", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "raybatch.main"]
+    cmd = [exe] if exe else [sys.executable, "-m", "raybatch"]
     return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s, env=env)
 

@@ -46,7 +46,7 @@ models:
 
 
 def raybatch(*args: str, env: dict[str, str], timeout_s: float = HANG_S):
-    return subprocess.run([sys.executable, "-m", "raybatch.main", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "raybatch", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -57,7 +57,7 @@ class Node:
         self.log = log
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "raybatch.main", "join", *args], cwd=ROOT, env=env,
+                [sys.executable, "-m", "raybatch", "join", *args], cwd=ROOT, env=env,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def text(self) -> str:

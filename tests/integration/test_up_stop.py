@@ -38,10 +38,16 @@ import pytest
 
 from tests.conftest import CONFIGS, HANG_S, ROOT, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
+# Each test starts `raybatch up` once or twice, each start up to three of Ray's (READY_S).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray,
+              pytest.mark.timeout(900)]
 
 CONFIG = CONFIGS / "small.yaml"
 READY = "Stop with Ctrl-C."
+# How long `up` may take to say READY before it counts as hung: on a busy machine its
+# local Ray can miss Ray's fixed 30 s to register (and its raylet the 15 s it gives its
+# dashboard agent), and `up` starts it again, up to three times in all.
+READY_S = 3 * HANG_S
 
 
 class Up:
@@ -50,7 +56,7 @@ class Up:
     def __init__(self, env: dict[str, str], ports: dict[str, int], config: Path = CONFIG,
                  *args: str) -> None:
         self.ports = ports
-        cmd = [sys.executable, "-m", "raybatch.main", "up", "--config", str(config),
+        cmd = [sys.executable, "-m", "raybatch", "up", "--config", str(config),
                "--port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
                *(args or ("--num-cpus", "2"))]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -191,7 +197,7 @@ def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_lets_a_request_finish
     # is not joined without --address: the run says so, and starts its own local Ray.
     world[0]["RAY_ADDRESS"] = "127.0.0.1:1"
     up = start(world, patient_config(tmp_path, gate))
-    up.wait_for(READY)
+    up.wait_for(READY, READY_S)
     started = up.text()
     assert "note: RAY_ADDRESS is set (127.0.0.1:1), but without --address" in started, started
     # A clean start: no warning that is not a real problem, Ray's included.
@@ -256,7 +262,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_which_raybatch_down_stops(world,
 
     env, _, _ = world
     first = start(world)
-    first.wait_for(READY)
+    first.wait_for(READY, READY_S)
     [dead] = runs.runs()
     os.kill(first.proc.pid, signal.SIGKILL)  # as the OOM killer does: the up only
     first.proc.wait()
@@ -273,7 +279,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_which_raybatch_down_stops(world,
     try:
         assert holder.stdout.readline().strip() == "holding"
         second = start(world, patient_config(tmp_path))
-        second.wait_for(READY)
+        second.wait_for(READY, READY_S)
         assert "ended what a previous `raybatch up` left behind" in second.text(), \
             second.text()[-3000:]
         assert f"pid {holder.pid}" in second.text(), second.text()[-3000:]
@@ -286,7 +292,7 @@ def test_a_killed_up_is_cleaned_by_the_next_one_which_raybatch_down_stops(world,
 
     # down's --timeout (past it, it kills the up) at HANG_S: the stop under test is the
     # clean one, whatever the machine's speed (down on a dead run's leftovers: test_runs.py)
-    down = subprocess.run([sys.executable, "-m", "raybatch.main", "down", "--timeout",
+    down = subprocess.run([sys.executable, "-m", "raybatch", "down", "--timeout",
                            str(HANG_S)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=2 * HANG_S)
     assert down.returncode == 0, down.stderr
@@ -367,7 +373,7 @@ def test_a_request_in_flight_past_the_bound_is_given_up_on(world, tmp_path):
     gate = tmp_path / "gate"
     gate.touch()
     up = start(world, gated_config(tmp_path, gate, stop_timeout_s=4))
-    up.wait_for(READY)
+    up.wait_for(READY, READY_S)
     request = in_flight(up)  # at the closed gate, which never opens
     t0 = time.monotonic()
     up.ctrl_c()

@@ -56,7 +56,7 @@ def project(tmp_path):
 def raybatch(*args: str, cwd, timeout_s: float = 120) -> subprocess.CompletedProcess:
     """The CLI, run from `cwd`."""
     exe = shutil.which("raybatch", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "raybatch.main"]
+    cmd = [exe] if exe else [sys.executable, "-m", "raybatch"]
     return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout_s)
 

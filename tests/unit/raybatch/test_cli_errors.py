@@ -153,3 +153,17 @@ def test_an_up_that_fails_once_its_ray_runs_stops_what_it_started(monkeypatch, t
     with pytest.raises(RuntimeError, match="proxy did not start"):
         serving.up(args)
     assert stopped == ["raybatch"]  # the demo's app, its Serve and its Ray
+
+
+def test_python_dash_m_raybatch_runs_the_command_without_a_warning():
+    """`python -m raybatch` (as the tests and the lab start it where the script is not on
+    PATH) is the command, and says nothing but what it was asked: `-m raybatch.main` made
+    runpy warn that the package had imported the module it was about to run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "raybatch", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: raybatch"), done.stdout
+    assert done.stderr == ""

@@ -119,29 +119,31 @@ def _stopper(monkeypatch, ended: list):
     return stopper
 
 
-def test_up_starts_rays_node_once_more_when_it_missed_rays_30_s(monkeypatch, capsys):
-    from raybatch.startup import start_local_ray
-
-    ended: list = []
-    stopper = _stopper(monkeypatch, ended)
-    init = _Init(NODE_TIMEOUT)
-    start_local_ray(init, stopper, num_cpus=2)
-    assert init.calls == [{"num_cpus": 2}, {"num_cpus": 2}]
-    assert ended == ["shutdown", "run-1"]  # the first try's processes ended before the second
-    assert "starting it once more" in capsys.readouterr().out
-
-
-def test_up_raises_a_second_node_timeout_and_any_other_error_at_once(monkeypatch):
-    import pytest
-
+def test_up_starts_rays_node_again_when_it_missed_rays_30_s(monkeypatch, capsys):
     from raybatch.startup import start_local_ray
 
     ended: list = []
     stopper = _stopper(monkeypatch, ended)
     init = _Init(NODE_TIMEOUT, NODE_TIMEOUT)
+    start_local_ray(init, stopper, num_cpus=2)
+    assert init.calls == [{"num_cpus": 2}] * 3
+    # each failed try's processes ended before the next
+    assert ended == ["shutdown", "run-1", "shutdown", "run-1"]
+    out = capsys.readouterr().out
+    assert "try 1 of 3" in out and "try 2 of 3" in out and "starting it again" in out
+
+
+def test_up_raises_the_last_node_timeout_and_any_other_error_at_once(monkeypatch):
+    import pytest
+
+    from raybatch.startup import NODE_START_TRIES, start_local_ray
+
+    ended: list = []
+    stopper = _stopper(monkeypatch, ended)
+    init = _Init(*[NODE_TIMEOUT] * NODE_START_TRIES)
     with pytest.raises(Exception, match="timed out during startup"):
         start_local_ray(init, stopper)
-    assert len(init.calls) == 2
+    assert len(init.calls) == NODE_START_TRIES
     other = _Init(ValueError("bad num_cpus"))
     with pytest.raises(ValueError, match="bad num_cpus"):
         start_local_ray(other, stopper)
