@@ -202,6 +202,8 @@ def run(workdir: Path) -> dict[str, Any]:
         "gcs_server_port": port,
         "labels": {"raybatch.io/primary-numa": "0"},
         "autoscaling_config": str(workdir / "autoscaling.yaml")})
+    session = cluster.head_node.get_session_dir_path()
+    print(f"SESSION {session}", flush=True)
     try:
         return scenario(cluster, cfg, scaling)
     finally:
@@ -209,6 +211,25 @@ def run(workdir: Path) -> dict[str, Any]:
             serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+        end_leftovers(session)
+
+
+def end_leftovers(session: str) -> list[str]:
+    """Kill every process still naming this cluster's session dir, and return their command
+    lines: Ray's fake node provider ends a removed node's raylet, but once left that node's
+    log monitor running after the test, polling a GCS that was gone."""
+    import contextlib
+
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if session in cmd and proc.pid != os.getpid():
+            left.append(cmd[:200])
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    return left
 
 
 def scenario(cluster: Any, cfg: Any, scaling: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT
@@ -57,3 +58,10 @@ def test_a_pending_replica_brings_a_node_that_goes_away_when_idle(tmp_path):
     # After the load: the newest replica was removed, its node idled and went away.
     assert result["alive_after"] == [head]
     assert result["after"] == [8.0] and result["answered"] >= 16
+
+    # and nothing of the cluster outlived the scenario (a removed node's log monitor once did)
+    (session,) = [ln.removeprefix("SESSION ") for ln in proc.stdout.splitlines()
+                  if ln.startswith("SESSION ")]
+    left = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+            if session in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
