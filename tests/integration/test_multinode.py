@@ -58,9 +58,10 @@ def test_replicas_land_on_their_numa_nodes_and_pin_to_its_cpus(result):
         assert r["torch_threads"] == 1
     assert len({r["pid"] for r in replicas}) == 2
     assert result["squared"] == [9.0, 4.0, 4.0]
-    # a replica on the other node, fed from the head: every answer right, the batches after
-    # the first on the direct connection to that node's address (not 127.0.0.1)
-    assert result["far"] == [float(x * x) for x in range(20)]
+    # a replica on the other node, fed from the head: every answer right, and once the
+    # direct connection opened, batches on it, to that node's address (not 127.0.0.1)
+    sent = len(result["far"])
+    assert sent >= 20 and result["far"] == [float(x * x) for x in range(sent)]
     far = result["far_replica"]
     assert far["node_id"] == node_of["numa1"] and far["read_ahead"], far
     assert far["link_batches"] >= 10 and far["link_hosts"] == [result["head_ip"]], far
