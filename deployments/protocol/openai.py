@@ -31,7 +31,6 @@ from deployments.protocol.limits import shown
 from deployments.protocol.request import load_json
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}  # ours -> OpenAI's
-MAX_STOPS = OPENAI_MAX_STOPS  # OpenAI's limit on `stop` sequences
 DONE = b"data: [DONE]\n\n"
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options",
@@ -203,9 +202,9 @@ def _stops(stop: Any) -> tuple[str, ...]:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) \
-            or len(stops) > MAX_STOPS:
+            or len(stops) > OPENAI_MAX_STOPS:
         raise OpenAIRefusal(f"stop must be a non-empty string or a list of at most "
-                            f"{MAX_STOPS} of them, got {shown(stop)}", "stop")
+                            f"{OPENAI_MAX_STOPS} of them, got {shown(stop)}", "stop")
     return tuple(stops)
 
 

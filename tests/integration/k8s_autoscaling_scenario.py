@@ -214,22 +214,25 @@ def run(workdir: Path) -> dict[str, Any]:
         end_leftovers(session)
 
 
-def end_leftovers(session: str) -> list[str]:
-    """Kill every process still naming this cluster's session dir, and return their command
-    lines: Ray's fake node provider ends a removed node's raylet, but once left that node's
-    log monitor running after the test, polling a GCS that was gone."""
+def naming(session: str) -> list[Any]:
+    """The processes (psutil) whose command line names this cluster's session dir."""
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"])
+            if session in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+
+
+def end_leftovers(session: str) -> None:
+    """Kill every process still naming this cluster's session dir: Ray's fake node provider
+    ends a removed node's raylet, but once left that node's log monitor running after the
+    test, polling a GCS that was gone."""
     import contextlib
 
     import psutil
 
-    left = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if session in cmd and proc.pid != os.getpid():
-            left.append(cmd[:200])
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-    return left
+    for proc in naming(session):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 def scenario(cluster: Any, cfg: Any, scaling: dict[str, Any]) -> dict[str, Any]:

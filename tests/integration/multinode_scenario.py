@@ -82,6 +82,9 @@ def far_config():
         "replicas": {"num_cpus": 0, "read_ahead": True, "resources": {"far": 1}}})
 
 
+FAR_GIVE_UP_S = 120.0
+
+
 async def far_batches() -> tuple[list, dict]:
     """Batches from this process (an engine on the head node) to a replica on the other
     node, of 0, 1, 2, ... in turn: the first as Ray calls while the direct connection opens
@@ -103,9 +106,6 @@ async def far_batches() -> tuple[list, dict]:
         return out, info
     finally:
         client.stop()
-
-
-FAR_GIVE_UP_S = 120.0
 
 
 def status(address: str, *flags: str) -> str:

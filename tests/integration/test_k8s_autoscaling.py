@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration.k8s_autoscaling_scenario import naming
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.own_ray]
 
@@ -62,6 +62,5 @@ def test_a_pending_replica_brings_a_node_that_goes_away_when_idle(tmp_path):
     # and nothing of the cluster outlived the scenario (a removed node's log monitor once did)
     (session,) = [ln.removeprefix("SESSION ") for ln in proc.stdout.splitlines()
                   if ln.startswith("SESSION ")]
-    left = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
-            if session in " ".join(p.info["cmdline"] or [])]
+    left = [" ".join(p.info["cmdline"] or []) for p in naming(session)]
     assert not left, left
