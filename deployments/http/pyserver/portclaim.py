@@ -11,12 +11,16 @@ takes its name off (`release_port`), and the last one removes the file: a node t
 many apps over time, on many ports, keeps no file per port it ever served. A process
 that waited on the lock of a file removed meanwhile opens the path again (the inode it
 locked is checked against the path's), so no claim is written where no one reads it.
+A process killed outright (SIGKILL, a node's OOM killer) cannot take its name off: each
+claim also removes the files of other ports that no live process holds any more
+(`_sweep`), so such files do not pile up either.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import tempfile
@@ -25,9 +29,11 @@ from typing import TextIO
 
 from cluster.pinning import process_alive, process_start
 
+PREFIX = "raybatch-native-port-"
+
 
 def _path(port: int, folder: str | None) -> str:
-    return os.path.join(folder or tempfile.gettempdir(), f"raybatch-native-port-{port}.json")
+    return os.path.join(folder or tempfile.gettempdir(), f"{PREFIX}{port}.json")
 
 
 @contextlib.contextmanager
@@ -80,6 +86,27 @@ def claim_port(port: int, owner: str, folder: str | None = None) -> None:
         live = [h for h in live if h["pid"] != me]
         live.append({"pid": me, "start": process_start(me), "owner": owner})
         _write(f, live)
+    _sweep(folder, keep=port)
+
+
+def _sweep(folder: str | None, keep: int) -> None:
+    """Remove the files of ports other than `keep` that no live process holds (their
+    holders were killed before they could release them). A file locked by another process
+    (claiming or releasing it now) is left to that one; one removed here while another
+    process waited to lock it is reopened there (`_locked`)."""
+    for path in glob.glob(os.path.join(folder or tempfile.gettempdir(), f"{PREFIX}*.json")):
+        if path == _path(keep, folder):
+            continue
+        try:
+            with open(path) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino and not _live(f):
+                    os.unlink(path)
+        except OSError:  # removed meanwhile, or not ours to read or remove
+            continue
 
 
 def release_port(port: int, folder: str | None = None) -> None:

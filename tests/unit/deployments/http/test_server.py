@@ -444,3 +444,30 @@ def test_a_port_is_shared_by_one_apps_processes_only(tmp_path):
     (tmp_path / "raybatch-native-port-8126.json").write_text(
         json.dumps([{"pid": os.getpid(), "start": "not-its-start", "owner": "app-a"}]))
     claim_port(8126, "app-b", str(tmp_path))
+
+
+def test_a_claim_removes_the_files_that_killed_servers_left_and_no_other(tmp_path):
+    folder = str(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a server killed before it could release its port
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        def holder(proc, port):
+            path = tmp_path / f"raybatch-native-port-{port}.json"
+            path.write_text(json.dumps([{"pid": proc.pid, "start": process_start(proc.pid),
+                                         "owner": "app-a"}]))
+            return path
+
+        stale, held = holder(dead, 8300), holder(alive, 8301)
+        busy = holder(dead, 8302)  # stale too, but another process has it locked now
+        other = tmp_path / "unrelated.json"
+        other.write_text("[]")
+        with open(busy) as locked:
+            fcntl.flock(locked, fcntl.LOCK_EX)
+            claim_port(8303, "app-b", folder)
+        assert not stale.exists()
+        assert held.exists() and busy.exists() and other.exists()
+        assert (tmp_path / "raybatch-native-port-8303.json").exists()
+    finally:
+        alive.kill()
+        alive.wait()
