@@ -4,7 +4,8 @@ For notebooks and scripts that want the whole cluster path on one machine and
 must leave nothing behind. `start()` starts a *new* local Ray (`address="local"`:
 it never joins a cluster already running here, such as a test session's), Serve
 on a free port of 127.0.0.1 unless one is given, and deploys the config.
-`close()` deletes the app, shuts Serve down and shuts Ray down, running every
+A machine too busy for Ray's fixed startup waits gets the start tried again
+(`cluster.localray`). `close()` deletes the app, shuts Serve down and shuts Ray down, running every
 step even when an earlier one fails, once. It also runs at interpreter exit, so
 a notebook whose cell failed still tears down when its kernel stops.
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import RaybatchConfig
+from cluster.localray import start_local
 from cluster.ports import free_port
 from deployments.metrics import PREFIX
 
@@ -174,10 +176,10 @@ class LocalApp:
             logging.getLogger("ray.serve").setLevel(logging.WARNING)
         try:
             interval_ms = round(self.metrics_report_interval_s * 1000)
-            ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False,
-                     log_to_driver=not self.quiet, logging_level=logging.WARNING,
-                     _metrics_export_port=self.metrics_port,
-                     _system_config={"metrics_report_interval_ms": interval_ms})
+            start_local(ray.init, say=log.warning, address="local", num_cpus=self.num_cpus,
+                        include_dashboard=False, log_to_driver=not self.quiet,
+                        logging_level=logging.WARNING, _metrics_export_port=self.metrics_port,
+                        _system_config={"metrics_report_interval_ms": interval_ms})
             serve.start(http_options={"host": self.host, "port": self.port}, **grpc)
             self.handle = serve.run(build_app(self.config), name=self.config.app_name,
                                     route_prefix=self.config.ingress.route_prefix)

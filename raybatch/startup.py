@@ -55,36 +55,20 @@ class Stopper:
         os._exit(130)
 
 
-# Ray gives a new local node's raylet a fixed 30 s to register with its GCS
-# (`ray._private.node.Node`), and the raylet itself waits a fixed 15 s for its dashboard
-# agent to start (else it dies of a failed check): a machine whose cores are all busy can
-# miss either (a dashboard agent's imports alone took 16 s beside two test lanes and a CPU
-# hog on 2 cores); the same start a moment later succeeds.
-NODE_START_TIMEOUT = "timed out during startup"
-NODE_START_TRIES = 3
-
-
 def start_local_ray(init: Any, stopper: Stopper, **options: Any) -> None:
-    """`init(**options)` (`ray.init` for a new local node), up to NODE_START_TRIES times
-    while Ray's node does not register in time: what a failed try started is ended before
-    the next (this run's processes, `raybatch.runs`), and the user is told. The last such
-    failure, or any other, is raised; after Ctrl-C no other try is made."""
-    import ray
+    """`init(**options)` (`ray.init` for a new local node), tried again while Ray's node
+    does not register in time (`cluster.localray`: up to its TRIES, what a failed try
+    started ended before the next, and this run's processes too); the user is told. After
+    Ctrl-C no other try is made."""
+    from cluster.localray import start_local
 
-    for n in range(1, NODE_START_TRIES + 1):
-        try:
-            init(**options)
-            return
-        except Exception as e:
-            if NODE_START_TIMEOUT not in str(e) or stopper.requested.is_set() \
-                    or n == NODE_START_TRIES:
-                raise
-        print(f"note: Ray's local node did not register in time (try {n} of "
-              f"{NODE_START_TRIES}; a busy machine?); ending what it started and starting "
-              "it again", flush=True)
-        ray.shutdown()
+    def end_run() -> None:
         if stopper.run is not None:
             runs.end_run(stopper.run.run_id, grace_s=1.0)
+
+    start_local(init, again=lambda: not stopper.requested.is_set(),
+                say=lambda what: print(f"note: {what}", flush=True), ended=end_run,
+                **options)
 
 
 def fits_cluster(config: Any, local: bool) -> bool:

@@ -115,6 +115,7 @@ def ray_address():
     """A local Ray for the whole session; yields its GCS address."""
     import ray
 
+    from cluster.localray import start_local
     from deployments.http import FAST_PATH_ENV
 
     # Serve's direct ingress with Raybatch's HTTP fast path, as `raybatch up` can run it:
@@ -129,9 +130,11 @@ def ray_address():
     try:
         # Logical CPUs for reservations (the shared app holds ~3.1; other tests deploy apps
         # beside it): fractional num_cpus, not the machine's cores.
-        ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False,
-                 _metrics_export_port=METRICS_PORT,
-                 _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
+        # as `raybatch up` starts one: again if a busy machine made it miss Ray's fixed waits
+        start_local(ray.init, say=lambda what: print(f"\nnote: {what}", flush=True),
+                    address="local", num_cpus=6, include_dashboard=False, log_to_driver=False,
+                    _metrics_export_port=METRICS_PORT,
+                    _system_config={"metrics_report_interval_ms": METRICS_REPORT_INTERVAL_MS})
     finally:
         os.chdir(cwd)
     _session_logs.append(Path(ray._private.worker._global_node.get_logs_dir_path()))

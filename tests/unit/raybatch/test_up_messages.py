@@ -136,7 +136,8 @@ def test_up_starts_rays_node_again_when_it_missed_rays_30_s(monkeypatch, capsys)
 def test_up_raises_the_last_node_timeout_and_any_other_error_at_once(monkeypatch):
     import pytest
 
-    from raybatch.startup import NODE_START_TRIES, start_local_ray
+    from cluster.localray import TRIES as NODE_START_TRIES
+    from raybatch.startup import start_local_ray
 
     ended: list = []
     stopper = _stopper(monkeypatch, ended)

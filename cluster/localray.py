@@ -1,0 +1,94 @@
+"""A new local Ray node, started again when a busy machine made it miss Ray's fixed waits.
+
+Ray gives a new local node's raylet a fixed 30 s to register with its GCS
+(`ray._private.node.Node`), and the raylet itself waits a fixed 15 s for its dashboard
+agent to start (else it dies of a failed check); no setting of Ray lengthens either. A
+machine whose cores are all busy can miss them (a dashboard agent's imports alone took 16 s
+beside two test lanes and a CPU hog on 2 cores), and the same start a moment later
+succeeds. So every place that starts a local Ray (`raybatch up`, `LocalApp` in notebooks,
+the test session's Ray) starts it through `start_local`: up to `TRIES` tries while the
+node does not register in time, any other failure raised at once.
+
+What a failed try started must not outlive it (a GCS on its port, an agent whose raylet
+died): each try runs with a mark of its own in the environment, which every process Ray
+starts inherits, orphans included, and the processes that carry it are ended before the
+next try. `ray.shutdown()` cannot do that: a node that failed to start was never handed
+to the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+TRIES = 3
+TIMED_OUT = "timed out during startup"  # what ray.init raises when the node missed a wait
+MARK_ENV = "RAYBATCH_LOCAL_RAY_TRY"  # in the environment of every process of one try
+
+
+def start_local(init: Callable[..., Any], *, tries: int = TRIES,
+                again: Callable[[], bool] = lambda: True,
+                say: Callable[[str], None] = print,
+                ended: Callable[[], None] | None = None, **options: Any) -> None:
+    """`init(**options)` (`ray.init` of a new local node), up to `tries` times while the
+    node does not register in time (`TIMED_OUT`) and `again()` (false after Ctrl-C). Before
+    each next try, `say` is told, Ray is shut down in this process, what the failed try
+    started is ended, and then `ended()` is called (a caller's own cleanup). The last such
+    failure, or any other, is raised."""
+    import ray
+
+    for n in range(1, tries + 1):
+        mark = uuid.uuid4().hex
+        old = os.environ.get(MARK_ENV)
+        os.environ[MARK_ENV] = mark
+        try:
+            init(**options)
+            return
+        except Exception as e:
+            if TIMED_OUT not in str(e) or n == tries or not again():
+                raise
+        finally:
+            if old is None:
+                os.environ.pop(MARK_ENV, None)
+            else:
+                os.environ[MARK_ENV] = old
+        say(f"Ray's local node did not register in time (try {n} of {tries}; a busy "
+            "machine?); ending what it started and starting it again")
+        ray.shutdown()
+        end_marked(mark)
+        if ended is not None:
+            ended()
+
+
+def marked(mark: str) -> list[Any]:
+    """This user's processes (never this one) whose environment carries `mark`."""
+    import psutil
+
+    found, uid = [], os.getuid()
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != uid:
+                continue
+            if p.environ().get(MARK_ENV) == mark:
+                found.append(p)
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+    return found
+
+
+def end_marked(mark: str, grace_s: float = 1.0) -> None:
+    """SIGTERM the processes that carry `mark`, then SIGKILL what is left after `grace_s`."""
+    import psutil
+
+    procs = marked(mark)
+    for kill, wait_s in ((False, grace_s), (True, 2.0)):
+        for p in procs:
+            try:
+                p.kill() if kill else p.terminate()
+            except psutil.Error:
+                pass
+        _, procs = psutil.wait_procs(procs, timeout=wait_s)
+        if not procs:
+            return
