@@ -3,9 +3,9 @@
 Ray gives a new local node's raylet a fixed 30 s to register with its GCS
 (`ray._private.node.Node`), and the raylet itself waits a fixed 15 s for its dashboard
 agent to start (else it dies of a failed check); no setting of Ray lengthens either. A
-machine whose cores are all busy can miss them (a dashboard agent's imports alone took 16 s
-beside two test lanes and a CPU hog on 2 cores), and the same start a moment later
-succeeds. So every place that starts a local Ray (`raybatch up`, `LocalApp` in notebooks,
+machine whose cores are all busy can miss them (the agent's imports alone outlasted the
+15 s beside two test lanes and a CPU hog on 2 cores: docs/development.md), and the same
+start a moment later succeeds. So every place that starts a local Ray (`raybatch up`, `LocalApp` in notebooks,
 the test session's Ray) starts it through `start_local`: up to `TRIES` tries while the
 node does not register in time, any other failure raised at once.
 
