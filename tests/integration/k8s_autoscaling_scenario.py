@@ -180,6 +180,7 @@ def run(workdir: Path) -> dict[str, Any]:
     from ray.cluster_utils import Cluster
 
     from cluster.k8s.manifests import RAYSERVICE_FILE, render
+    from cluster.localray import start_local
     from cluster.pinning import CORES_FILE_ENV, SYSFS_ROOT_ENV
     from cluster.ports import free_port
 
@@ -197,11 +198,15 @@ def run(workdir: Path) -> dict[str, Any]:
                        "RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
                        "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID})
     os.chdir(ROOT)  # workers put the driver's directory on sys.path
-    cluster = Cluster(initialize_head=True, head_node_args={
+    # the head started as `raybatch up` starts its own: again if it missed Ray's fixed waits
+    made: list[Any] = []
+    start_local(lambda: made.append(Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"numa0": 1}, "include_dashboard": False,
         "gcs_server_port": port,
         "labels": {"raybatch.io/primary-numa": "0"},
-        "autoscaling_config": str(workdir / "autoscaling.yaml")})
+        "autoscaling_config": str(workdir / "autoscaling.yaml")})),
+        say=lambda what: print(f"note: {what}", file=sys.stderr, flush=True))
+    cluster = made[0]
     session = cluster.head_node.get_session_dir_path()
     print(f"SESSION {session}", flush=True)
     try:

@@ -118,11 +118,16 @@ def status(address: str, *flags: str) -> str:
     return proc.stdout
 
 
+def note(what: str) -> None:
+    print(f"note: {what}", file=sys.stderr, flush=True)  # stdout is the test's to read
+
+
 def main(workdir: Path) -> None:
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
+    from cluster.localray import start_local
     from cluster.pinning import CORES_FILE_ENV, SYSFS_ROOT_ENV
     from deployments.app import build_app
 
@@ -130,12 +135,16 @@ def main(workdir: Path) -> None:
     env = {SYSFS_ROOT_ENV: str(workdir / "sys"), CORES_FILE_ENV: str(workdir / "cores.json")}
     os.environ.update(env)
     os.chdir(ROOT)  # workers put the driver's directory on sys.path
-    cluster = Cluster(initialize_head=True, head_node_args={
+    # each node started as `raybatch up` starts its own: again if it missed Ray's fixed waits
+    made: list = []
+    start_local(lambda: made.append(Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "resources": {"numa0": 1, "front": 1}, "include_dashboard": False,
-        "labels": {"raybatch.io/primary-numa": "0"}})
+        "labels": {"raybatch.io/primary-numa": "0"}})), say=note)
+    cluster = made[0]
     try:
-        cluster.add_node(num_cpus=2, resources={"numa1": 1, "far": 1, "back": 1},
-                         labels={"raybatch.io/primary-numa": "1"})
+        start_local(lambda: cluster.add_node(
+            num_cpus=2, resources={"numa1": 1, "far": 1, "back": 1},
+            labels={"raybatch.io/primary-numa": "1"}), say=note)
         ray.init(address=cluster.address, log_to_driver=False)
         nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("numa"))
                  for n in ray.nodes() if n["Alive"]}
