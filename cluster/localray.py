@@ -5,9 +5,10 @@ Ray gives a new local node's raylet a fixed 30 s to register with its GCS
 agent to start (else it dies of a failed check); no setting of Ray lengthens either. A
 machine whose cores are all busy can miss them (the agent's imports alone outlasted the
 15 s beside two test lanes and a CPU hog on 2 cores: docs/development.md), and the same
-start a moment later succeeds. So every place that starts a local Ray (`raybatch up`, `LocalApp` in notebooks,
-the test session's Ray) starts it through `start_local`: up to `TRIES` tries while the
-node does not register in time, any other failure raised at once.
+start a moment later succeeds. So every place that starts a local Ray (`raybatch up`,
+`LocalApp` in notebooks, the test session's Ray) starts it through `start_local`: up to
+`TRIES` tries while the node does not register in time, any other failure raised at
+once; `raybatch join` tries its `ray start` as many times, on the same words.
 
 What a failed try started must not outlive it (a GCS on its port, an agent whose raylet
 died): each try runs with a mark of its own in the environment, which every process Ray

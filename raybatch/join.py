@@ -6,6 +6,9 @@ environment, so replicas placed on it pin themselves and Serve runs as `raybatch
 A user's `--resources` / `--labels` after `--` are merged into Raybatch's. Token
 authentication is decided by `cluster.rayauth`: a head turns it on; a node joining
 asks the head and brings the token (`--auth-token-file`) when the head wants one.
+A node that misses Ray's fixed startup waits on a busy machine (`cluster.localray`) is
+started again, up to `cluster.localray.TRIES` times, what the failed `ray start` left
+ended first; any other end of `ray start` is its exit status.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import os
 from cluster.rayauth import add_token_file_argument
 from raybatch.args import non_negative, ray_address
 from raybatch.serving import haproxy_available
+
+RELAY_S = 5.0
+"""How long `ray start`'s output is still read once it exited: a process it started that
+kept the pipe open (Ray's own write to log files) must not hold `raybatch join` up."""
 
 JOIN_PROBE_S = 30.0
 """How long a joining node waits for its head to answer whether it wants a token (a
@@ -45,7 +52,6 @@ def add_join_arguments(p: argparse.ArgumentParser) -> None:
 def join(args: argparse.Namespace) -> int:
     """Run `ray start` with this machine's numa<N> resources and labels; block until it ends."""
     import shlex
-    import subprocess
     import sys
 
     from cluster import rayauth
@@ -84,7 +90,7 @@ def join(args: argparse.Namespace) -> int:
         return 0
     if auth.generate is not None:
         rayauth.generate_token(auth.generate)
-    return _run_node(subprocess.Popen(argv, env=env))
+    return run_node(argv, env)
 
 
 def _auth_plan(args: argparse.Namespace):
@@ -101,20 +107,60 @@ def _auth_plan(args: argparse.Namespace):
                                 must_answer=True)
 
 
-def _run_node(proc) -> int:
-    """Wait for `ray start --block`; a SIGTERM or SIGHUP here (a service manager stopping
-    `raybatch join`) is passed on, so the node drains and stops its processes rather than
-    being left without its parent. Ctrl-C reaches both from the terminal already."""
+def run_node(argv: list[str], env: dict[str, str]) -> int:
+    """`ray start --block` (`argv`) until it ends; started again while it ends because the
+    node missed Ray's fixed startup waits (`cluster.localray.TIMED_OUT` in its output,
+    which is passed on line by line), up to `TRIES` times, unless this process was asked
+    to stop meanwhile. Each try's processes carry a mark of their own in their environment:
+    what a failed try left (an agent, a GCS) is ended before the next."""
+    import subprocess
+    import threading
+    import uuid
+
+    from cluster.localray import MARK_ENV, TIMED_OUT, TRIES, end_marked
+
+    for n in range(1, TRIES + 1):
+        mark = uuid.uuid4().hex
+        proc = subprocess.Popen(argv, env={**env, MARK_ENV: mark}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        said: list[bool] = []
+
+        def relay(out=proc.stdout, said=said) -> None:
+            for line in out:
+                print(line, end="", flush=True)
+                if TIMED_OUT in line:
+                    said.append(True)
+
+        relaying = threading.Thread(target=relay, daemon=True)
+        relaying.start()
+        rc, stopped = _run_node(proc)
+        relaying.join(RELAY_S)
+        if rc == 0 or not said or stopped or n == TRIES:
+            return rc
+        print(f"raybatch join: the node did not start in time (try {n} of {TRIES}; a busy "
+              "machine?); ending what it started and starting it again", flush=True)
+        end_marked(mark)
+    return rc
+
+
+def _run_node(proc) -> tuple[int, bool]:
+    """Wait for `ray start --block`: its exit status, and whether this process was asked to
+    stop meanwhile. A SIGTERM or SIGHUP here (a service manager stopping `raybatch join`)
+    is passed on, so the node drains and stops its processes rather than being left
+    without its parent. Ctrl-C reaches both from the terminal already."""
     import signal
 
+    stopped: list[int] = []
+
     def forward(signum: int, frame) -> None:
+        stopped.append(signum)
         proc.send_signal(signum)
 
     before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return proc.wait()
+        return proc.wait(), bool(stopped)
     except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
-        return proc.wait()
+        return proc.wait(), True
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)

@@ -136,8 +136,9 @@ class FakeRayStart:
 
     calls: ClassVar[list[dict]] = []
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, **how):
         FakeRayStart.calls.append({"argv": argv, "env": env})
+        self.stdout = iter(["Ray runtime started.\n"])  # as `raybatch join` reads it
 
     def wait(self):
         return 0
