@@ -63,8 +63,10 @@ def start_local(init: Callable[..., Any], *, tries: int = TRIES,
             ended()
 
 
-def marked(mark: str) -> list[Any]:
-    """This user's processes (never this one) whose environment carries `mark`."""
+def processes_with(name: str, value: str) -> list[Any]:
+    """This user's processes (psutil; never this one) whose environment has `name`=`value`:
+    how a run's or a try's processes are known, whatever they are called and whoever
+    their parent is now (`raybatch.runs` finds a run's this way too)."""
     import psutil
 
     found, uid = [], os.getuid()
@@ -72,18 +74,17 @@ def marked(mark: str) -> list[Any]:
         try:
             if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != uid:
                 continue
-            if p.environ().get(MARK_ENV) == mark:
+            if p.environ().get(name) == value:
                 found.append(p)
         except psutil.Error:  # gone, a zombie, or not ours to read
             continue
     return found
 
 
-def end_marked(mark: str, grace_s: float = 1.0) -> None:
-    """SIGTERM the processes that carry `mark`, then SIGKILL what is left after `grace_s`."""
+def end(procs: list[Any], grace_s: float = 2.0) -> None:
+    """SIGTERM `procs` (psutil), then SIGKILL whatever is left after `grace_s`."""
     import psutil
 
-    procs = marked(mark)
     for kill, wait_s in ((False, grace_s), (True, 2.0)):
         for p in procs:
             try:
@@ -93,3 +94,8 @@ def end_marked(mark: str, grace_s: float = 1.0) -> None:
         _, procs = psutil.wait_procs(procs, timeout=wait_s)
         if not procs:
             return
+
+
+def end_marked(mark: str, grace_s: float = 1.0) -> None:
+    """End the processes of the try that carried `mark`."""
+    end(processes_with(MARK_ENV, mark), grace_s)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from cluster.localray import end, processes_with
+
 RUN_ENV = "RAYBATCH_RUN_ID"
 """Environment variable naming the run a process belongs to."""
 STATE_DIR_ENV = "RAYBATCH_STATE_DIR"
@@ -97,16 +99,7 @@ def runs() -> list[Run]:
 
 def processes_of(run_id: str) -> list[psutil.Process]:
     """This user's processes whose environment names `run_id` (never this one)."""
-    mine, uid = [], os.getuid()
-    for p in psutil.process_iter(["uids"]):
-        try:
-            if p.pid == os.getpid() or p.info["uids"] is None or p.info["uids"].real != uid:
-                continue
-            if p.environ().get(RUN_ENV) == run_id:
-                mine.append(p)
-        except psutil.Error:  # gone, a zombie, or not ours to read
-            continue
-    return mine
+    return processes_with(RUN_ENV, run_id)
 
 
 def describe(p: psutil.Process) -> str:
@@ -118,19 +111,6 @@ def describe(p: psutil.Process) -> str:
         return f"pid {p.pid}"
     where = f", ports {', '.join(map(str, ports))}" if ports else ""
     return f"{os.path.basename(name)} (pid {p.pid}{where})"
-
-
-def end(procs: list[psutil.Process], grace_s: float = 2.0) -> None:
-    """SIGTERM `procs`, then SIGKILL whatever is left after `grace_s`."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-        for p in procs:
-            try:
-                p.send_signal(sig)
-            except psutil.Error:
-                pass
-        _, procs = psutil.wait_procs(procs, timeout=wait_s)
-        if not procs:
-            return
 
 
 RESCAN_S = 1.0  # how long the run's processes are looked for again after a kill
