@@ -20,9 +20,7 @@ from cluster.rayauth import add_token_file_argument
 from raybatch.args import non_negative, ray_address
 from raybatch.serving import haproxy_available
 
-RELAY_S = 5.0
-"""How long `ray start`'s output is still read once it exited: a process it started that
-kept the pipe open (Ray's own write to log files) must not hold `raybatch join` up."""
+POLL_S = 0.2  # how often the wait for `ray start` looks whether it ended (when it is silent)
 
 JOIN_PROBE_S = 30.0
 """How long a joining node waits for its head to answer whether it wants a token (a
@@ -110,11 +108,10 @@ def _auth_plan(args: argparse.Namespace):
 def run_node(argv: list[str], env: dict[str, str]) -> int:
     """`ray start --block` (`argv`) until it ends; started again while it ends because the
     node missed Ray's fixed startup waits (`cluster.localray.TIMED_OUT` in its output,
-    which is passed on line by line), up to `TRIES` times, unless this process was asked
+    which is passed on as it comes), up to `TRIES` times, unless this process was asked
     to stop meanwhile. Each try's processes carry a mark of their own in their environment:
     what a failed try left (an agent, a GCS) is ended before the next."""
     import subprocess
-    import threading
     import uuid
 
     from cluster.localray import MARK_ENV, TIMED_OUT, TRIES, end_marked
@@ -122,19 +119,8 @@ def run_node(argv: list[str], env: dict[str, str]) -> int:
     for n in range(1, TRIES + 1):
         mark = uuid.uuid4().hex
         proc = subprocess.Popen(argv, env={**env, MARK_ENV: mark}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
-        said: list[bool] = []
-
-        def relay(out=proc.stdout, said=said) -> None:
-            for line in out:
-                print(line, end="", flush=True)
-                if TIMED_OUT in line:
-                    said.append(True)
-
-        relaying = threading.Thread(target=relay, daemon=True)
-        relaying.start()
-        rc, stopped = _run_node(proc)
-        relaying.join(RELAY_S)
+                                stderr=subprocess.STDOUT)
+        rc, stopped, said = _run_node(proc, TIMED_OUT)
         if rc == 0 or not said or stopped or n == TRIES:
             return rc
         print(f"raybatch join: the node did not start in time (try {n} of {TRIES}; a busy "
@@ -143,11 +129,16 @@ def run_node(argv: list[str], env: dict[str, str]) -> int:
     return rc
 
 
-def _run_node(proc) -> tuple[int, bool]:
-    """Wait for `ray start --block`: its exit status, and whether this process was asked to
-    stop meanwhile. A SIGTERM or SIGHUP here (a service manager stopping `raybatch join`)
-    is passed on, so the node drains and stops its processes rather than being left
-    without its parent. Ctrl-C reaches both from the terminal already."""
+def _run_node(proc, watch: str) -> tuple[int, bool, bool]:
+    """Pass on `ray start --block`'s output until it ends: its exit status, whether this
+    process was asked to stop meanwhile, and whether its output said `watch`. It has ended
+    once it exited and nothing it wrote is left unread: a process it started that keeps
+    the pipe open (an orphan) does not hold `join` up. A SIGTERM or SIGHUP here (a service
+    manager stopping `raybatch join`) is passed on, so the node drains and stops its
+    processes rather than being left without its parent. Ctrl-C reaches both from the
+    terminal already."""
+    import codecs
+    import select
     import signal
 
     stopped: list[int] = []
@@ -157,11 +148,29 @@ def _run_node(proc) -> tuple[int, bool]:
         proc.send_signal(signum)
 
     before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    fd, text = proc.stdout.fileno(), codecs.getincrementaldecoder("utf-8")("replace")
+    said, tail = False, ""
     try:
-        return proc.wait(), bool(stopped)
-    except KeyboardInterrupt:  # Ctrl-C reached `ray start --block` too: let it stop the node
-        return proc.wait(), True
+        while True:
+            try:
+                readable = select.select([fd], [], [], POLL_S)[0]
+            except KeyboardInterrupt:  # Ctrl-C reached `ray start` too: let it stop the node
+                stopped.append(signal.SIGINT)
+                continue
+            if not readable:
+                if proc.poll() is not None:
+                    break
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            out = text.decode(chunk)
+            print(out, end="", flush=True)
+            tail = tail[-len(watch):] + out  # `watch` split across two reads is seen too
+            said = said or watch in tail
+        return proc.wait(), bool(stopped), said
     finally:
+        proc.stdout.close()
         for sig, handler in before.items():
             signal.signal(sig, handler)
 

@@ -138,7 +138,13 @@ class FakeRayStart:
 
     def __init__(self, argv, env, **how):
         FakeRayStart.calls.append({"argv": argv, "env": env})
-        self.stdout = iter(["Ray runtime started.\n"])  # as `raybatch join` reads it
+        r, w = os.pipe()  # its output, as `raybatch join` reads it
+        os.write(w, b"Ray runtime started.\n")
+        os.close(w)
+        self.stdout = os.fdopen(r, "rb")
+
+    def poll(self):
+        return 0
 
     def wait(self):
         return 0

@@ -97,10 +97,7 @@ def test_any_other_failure_and_the_last_timeout_are_the_exit_status(tmp_path, ca
         end(orphans_of(orphans))
 
 
-def test_a_leftover_that_holds_the_output_open_does_not_hold_join_up(tmp_path, monkeypatch):
-    from raybatch import join
-
-    monkeypatch.setattr(join, "RELAY_S", 0.5)
+def test_a_leftover_that_holds_the_output_open_does_not_hold_join_up(tmp_path):
     argv, calls, orphans = fake(tmp_path, fails=1)
     try:
         assert run_node(argv, {**os.environ, "HOLD_PIPE": "1"}) == 0
