@@ -32,12 +32,12 @@ MARK_ENV = "RAYBATCH_LOCAL_RAY_TRY"  # in the environment of every process of on
 def start_local(init: Callable[..., Any], *, tries: int = TRIES,
                 again: Callable[[], bool] = lambda: True,
                 say: Callable[[str], None] = print,
-                ended: Callable[[], None] | None = None, **options: Any) -> None:
-    """`init(**options)` (`ray.init` of a new local node), up to `tries` times while the
-    node does not register in time (`TIMED_OUT`) and `again()` (false after Ctrl-C). Before
-    each next try, `say` is told, Ray is shut down in this process, what the failed try
-    started is ended, and then `ended()` is called (a caller's own cleanup). The last such
-    failure, or any other, is raised."""
+                ended: Callable[[], None] | None = None, **options: Any) -> Any:
+    """`init(**options)` (`ray.init` of a new local node; its result is returned), up to
+    `tries` times while the node does not register in time (`TIMED_OUT`) and `again()`
+    (false after Ctrl-C). Before each next try, `say` is told, Ray is shut down in this
+    process, what the failed try started is ended, and then `ended()` is called (a caller's
+    own cleanup). The last such failure, or any other, is raised."""
     import ray
 
     for n in range(1, tries + 1):
@@ -45,8 +45,7 @@ def start_local(init: Callable[..., Any], *, tries: int = TRIES,
         old = os.environ.get(MARK_ENV)
         os.environ[MARK_ENV] = mark
         try:
-            init(**options)
-            return
+            return init(**options)
         except Exception as e:
             if TIMED_OUT not in str(e) or n == tries or not again():
                 raise

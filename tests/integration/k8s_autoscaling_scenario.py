@@ -199,14 +199,12 @@ def run(workdir: Path) -> dict[str, Any]:
                        "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID})
     os.chdir(ROOT)  # workers put the driver's directory on sys.path
     # the head started as `raybatch up` starts its own: again if it missed Ray's fixed waits
-    made: list[Any] = []
-    start_local(lambda: made.append(Cluster(initialize_head=True, head_node_args={
+    cluster = start_local(lambda: Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {"numa0": 1}, "include_dashboard": False,
         "gcs_server_port": port,
         "labels": {"raybatch.io/primary-numa": "0"},
-        "autoscaling_config": str(workdir / "autoscaling.yaml")})),
+        "autoscaling_config": str(workdir / "autoscaling.yaml")}),
         say=lambda what: print(f"note: {what}", file=sys.stderr, flush=True))
-    cluster = made[0]
     session = cluster.head_node.get_session_dir_path()
     print(f"SESSION {session}", flush=True)
     try:

@@ -136,11 +136,9 @@ def main(workdir: Path) -> None:
     os.environ.update(env)
     os.chdir(ROOT)  # workers put the driver's directory on sys.path
     # each node started as `raybatch up` starts its own: again if it missed Ray's fixed waits
-    made: list = []
-    start_local(lambda: made.append(Cluster(initialize_head=True, head_node_args={
+    cluster = start_local(lambda: Cluster(initialize_head=True, head_node_args={
         "num_cpus": 3, "resources": {"numa0": 1, "front": 1}, "include_dashboard": False,
-        "labels": {"raybatch.io/primary-numa": "0"}})), say=note)
-    cluster = made[0]
+        "labels": {"raybatch.io/primary-numa": "0"}}), say=note)
     try:
         start_local(lambda: cluster.add_node(
             num_cpus=2, resources={"numa1": 1, "far": 1, "back": 1},

@@ -20,18 +20,20 @@ TIMEOUT = Exception("The current node timed out during startup. This could happe
 class FakeInit:
     """Stands in for ray.init: each call starts what a node would (a process, and an orphan:
     a process whose parent exited, as a dashboard agent whose raylet died), then raises
-    the next of `errors`, or returns once they are used up."""
+    the next of `errors`, or returns what it started (as ray.init its context) once they
+    are used up."""
 
     def __init__(self, tmp_path, *errors: BaseException) -> None:
         self.tmp_path, self.errors, self.started = tmp_path, list(errors), []
 
-    def __call__(self, **options) -> None:
+    def __call__(self, **options) -> tuple:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         pidfile = self.tmp_path / f"orphan-{len(self.started)}"
         subprocess.run(["sh", "-c", f"sleep 300 & echo $! > {pidfile}"], check=True)
         self.started.append((child, psutil.Process(int(pidfile.read_text()))))
         if self.errors:
             raise self.errors.pop(0)
+        return self.started[-1]
 
 
 @pytest.fixture
@@ -57,7 +59,9 @@ def test_a_try_that_timed_out_is_ended_and_the_next_one_kept(tmp_path, quiet_ray
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     init, said, ended = FakeInit(tmp_path, TIMEOUT, TIMEOUT), [], []
     try:
-        localray.start_local(init, say=said.append, ended=lambda: ended.append(1), num_cpus=2)
+        made = localray.start_local(init, say=said.append, ended=lambda: ended.append(1),
+                                    num_cpus=2)
+        assert made == init.started[2]  # the successful try's result is the caller's
         assert len(init.started) == 3 and len(said) == 2 and ended == [1, 1] == quiet_ray
         assert "try 1 of 3" in said[0] and "starting it again" in said[0]
         for child, orphan in init.started[:2]:
