@@ -1,6 +1,7 @@
 """Raybatch beside Triton, mosec, Ray Serve's `@serve.batch` and LitServe: one table.
 
-    python -m benchmarks.peers [--systems raybatch triton mosec serve.batch litserve]
+    python -m benchmarks.peers [--systems raybatch raybatch.inproc raybatch.ingress-engine
+                                triton mosec serve.batch litserve]
         [--duration 8] [--skip-install] [--json OUT] [--results DIR] [--port 18300]
 
 The same model (mlp 256→1024→256, one torch thread, one instance, max batch 64, 2 ms
@@ -192,7 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    peer_systems = set(args.systems) - {"raybatch", "raybatch.inproc", "serve.batch"}
+    peer_systems = set(args.systems) - {"raybatch", "raybatch.inproc", "raybatch.ingress-engine",
+                                          "serve.batch"}
     progress("installing the peers in " + str(args.peers_dir / "venv")
              if peer_systems and not args.skip_install else "peers' venv as it is")
     peers = (install.ensure(args.peers_dir, args.skip_install) if peer_systems

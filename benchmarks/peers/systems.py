@@ -10,6 +10,10 @@ its own (so its CPU is read from /proc apart from the load generator's):
   actor). OIP binary and OIP JSON.
 - raybatch.inproc: the same with the in-process shortcut (`batcher.placement: ingress`,
   `replicas.in_process: true`: engine and replica in the ingress), nothing else changed.
+- raybatch.ingress-engine: the engine in the ingress, the model still in a replica actor on
+  the direct connection (`batcher.placement: ingress`): the mission's shape without its
+  batching actor, i.e. what the batching actor's own hop pair and process cost on this
+  machine (a bound for any change that keeps the batching actor on a request's path).
 - triton: `tritonserver` 2.51 from PyPI's nvidia-pytriton, a Python-backend model.py,
   dynamic batcher 64 / 2 ms, `--http-thread-count` = cores (its fastest here; later
   `--triton-arg`s override it). The same OIP bytes as Raybatch's, binary and JSON.
@@ -25,6 +29,7 @@ against: raw-byte bodies (OIP binary, msgpack) against OIP binary, JSON against 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -50,8 +55,12 @@ from benchmarks.serve.drivers import http_body
 
 REPO = Path(__file__).resolve().parents[2]
 APPS = Path(__file__).resolve().parent / "apps"
-SYSTEMS = ("raybatch", "raybatch.inproc", "triton", "mosec", "serve.batch", "litserve")
+SYSTEMS = ("raybatch", "raybatch.inproc", "raybatch.ingress-engine", "triton", "mosec",
+           "serve.batch", "litserve")
 OIP_PATH = "/v2/models/mlp/infer"
+# raybatch.ingress-engine's settings over the demo's mlp: its engine in the ingress replica
+# (not in a batching actor, nor shared with a group's), its model still in a replica actor
+INGRESS_ENGINE = {"batcher": {"placement": "ingress", "group": None}}
 
 
 @dataclass(frozen=True)
@@ -251,6 +260,8 @@ def raybatch_config(tmp: Path, inproc: bool = False, repo: Path = REPO,
         mlp[section] = {**mlp.get(section, {}), **values}
     cfg["models"] = [mlp]
     tag = "" if repo == REPO else "-" + repo.name
+    if override:  # a file of its own for each set of overrides: systems may share `tmp`
+        tag += "-" + hashlib.sha1(json.dumps(override, sort_keys=True).encode()).hexdigest()[:8]
     path = tmp / (f"raybatch-mlp{tag}-inproc.yaml" if inproc else f"raybatch-mlp{tag}.yaml")
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -271,10 +282,13 @@ def start_raybatch(x: np.ndarray, port: int, tmp: Path, peers: PeerEnv,
             "--port", str(port), "--native-port", str(native)]
     name = name or ("raybatch.inproc" if inproc else "raybatch")
     log = tmp / f"{name}.log"
+    engine_in_ingress = (override or {}).get("batcher", {}).get("placement") == "ingress"
     base = f"http://127.0.0.1:{native}"
     proc = spawn(argv, log, env={"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}, cwd=repo)
     title = ("Raybatch, in-process shortcut (native front; engine and replica in the ingress)"
              if inproc else
+             "Raybatch, engine in the ingress (native front; a replica actor, no batching actor)"
+             if engine_in_ingress else
              "Raybatch (demo settings: native front; a batching actor and a replica actor)")
     s = Server(name, proc, base, oip_variants(name, title, x), oip_stats(base), log,
                ready_url=f"{base}/v2/models/mlp/ready")
@@ -402,6 +416,8 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     return {
         "raybatch": [start_raybatch],
         "raybatch.inproc": [lambda x, p, t, e: start_raybatch(x, p, t, e, inproc=True)],
+        "raybatch.ingress-engine": [lambda x, p, t, e: start_raybatch(
+            x, p, t, e, name="raybatch.ingress-engine", override=INGRESS_ENGINE)],
         "triton": [lambda x, p, t, e: start_triton(x, p, t, e, triton_args)],
         "mosec": [lambda x, p, t, e: start_mosec(x, p, t, e, True),
                   lambda x, p, t, e: start_mosec(x, p + 1, t, e, False)],
@@ -410,5 +426,5 @@ def starters(triton_args: tuple[str, ...] = ()) -> dict[str, list[Starter]]:
     }
 
 
-PORT_OFFSET = {"raybatch": 0, "raybatch.inproc": 5, "triton": 10, "mosec": 20, "litserve": 30,
-               "serve.batch": 100}
+PORT_OFFSET = {"raybatch": 0, "raybatch.inproc": 5, "raybatch.ingress-engine": 40, "triton": 10,
+               "mosec": 20, "litserve": 30, "serve.batch": 100}

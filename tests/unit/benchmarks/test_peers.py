@@ -182,3 +182,23 @@ def test_the_shipped_shape_is_judged_against_the_in_process_shortcut_and_the_pee
     assert by[("raybatch.inproc", "binary")] == pytest.approx(0.9)
     assert "| actor shape OIP binary C=1 p50 <= 1.0 ms | 0.40 ms | yes |" in render(rows)
     assert {x["met"] for x in targets(ROWS) if "in-process" in x["target"]} == {None}
+
+
+def test_the_engine_in_the_ingress_keeps_the_replica_actor_and_drops_the_batching_actor(
+        tmp_path):
+    """`raybatch.ingress-engine`: the demo's mlp with its engine in the ingress and its model
+    still in a replica actor, in a config file of its own beside the shipped shape's."""
+    import yaml
+
+    from benchmarks.peers.systems import INGRESS_ENGINE, SYSTEMS, raybatch_config, starters
+
+    shipped = raybatch_config(tmp_path)
+    bound = raybatch_config(tmp_path, override=INGRESS_ENGINE)
+    assert bound != shipped and shipped.exists()
+    (mlp,) = yaml.safe_load(bound.read_text())["models"]
+    (demo,) = yaml.safe_load(shipped.read_text())["models"]
+    assert mlp["batcher"]["placement"] == "ingress" and mlp["batcher"].get("group") is None
+    assert demo["batcher"].get("placement", "actor") == "actor"
+    assert not mlp["replicas"].get("in_process", False)
+    assert mlp["replicas"] == demo["replicas"] and mlp["batching"] == demo["batching"]
+    assert "raybatch.ingress-engine" in SYSTEMS and "raybatch.ingress-engine" in starters()
