@@ -2,8 +2,9 @@
 
 Deploying: Serve is asked to run the app without blocking, and its status is polled,
 with the actors Ray has not placed or started yet (read from the GCS: their class, the
-resources they ask for, whether a process runs them), so the user sees what is pending
-and why: waiting for resources (what is asked, what is free), starting a process, or
+resources they ask for, whether a process runs them, and what Ray holds queued for want of
+resources), so the user sees what is pending and why: waiting for resources (what is
+asked, what is free), starting a process (Ray starts a few at a time), or
 initialising (the model's setup and warm-up run in the replica's constructor). On a TTY
 the view is redrawn in place; otherwise a line is printed when it changes.
 
@@ -218,8 +219,9 @@ def pending_lines(app_state: Any) -> list[str]:
             continue
         states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(d.replica_states.items()))
         lines.append(f"  {name}: {states or 'no replicas yet'}")
-    free = _free_resources()
-    reasons = [f"{actor['label']}: {why_pending(actor, free)}" for actor in pending_actors()]
+    free, waiting = _free_resources(), waiting_demands()
+    reasons = [f"{actor['label']}: {why_pending(actor, free, waiting)}"
+               for actor in pending_actors()]
     for reason in dict.fromkeys(reasons):  # in order, each once, with its count
         n = reasons.count(reason)
         lines.append(f"  {reason}" if n == 1 else f"  {n} x {reason}")
@@ -262,9 +264,22 @@ def stopping_lines(app_name: str, app_state: Any) -> list[str]:
               for a in alive)]
 
 
-def why_pending(actor: dict[str, Any], free: dict[str, float]) -> str:
+def why_pending(actor: dict[str, Any], free: dict[str, float],
+                waiting: dict[tuple, int] | None = None) -> str:
+    """Why `actor` is not created yet. `waiting`: what Ray holds queued for want of
+    resources (`waiting_demands`), each bundle with a count, taken from as actors without
+    a process are matched to it. Ray takes an actor's resources before it starts its
+    process, so an actor whose process is starting asks more than is free too, and only
+    Ray's queue tells the two apart; where Ray did not say (None), asking more than is free
+    counts as waiting."""
     asks = actor["resources"]
     short = {k: v for k, v in asks.items() if free.get(k, 0.0) + 1e-9 < v}
+    if waiting is not None:  # an actor a process runs has its resources: never queued
+        key = bundle_key(asks)
+        queued = bool(asks) and not actor["pid"] and waiting.get(key, 0) > 0
+        if queued:
+            waiting[key] -= 1
+        short = (short or asks) if queued else {}
     if short:
         return ("waiting for resources: asks " + _fmt(asks) + ", free "
                 + _fmt({k: free.get(k, 0.0) for k in short}))
@@ -277,6 +292,29 @@ def why_pending(actor: dict[str, Any], free: dict[str, float]) -> str:
 
 def _fmt(resources: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())) or "nothing"
+
+
+def bundle_key(resources: dict[str, float]) -> tuple:
+    """A resource bundle as a key: its resources but memory, each once, sorted."""
+    return tuple(sorted((k, float(v)) for k, v in resources.items() if v and k != "memory"))
+
+
+def waiting_demands() -> dict[tuple, int] | None:
+    """The resource bundles Ray's nodes hold queued because no node has them free (what
+    `ray status` lists as demands), with how many of each; None where Ray does not say."""
+    try:
+        import ray
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
+        out: dict[tuple, int] = {}
+        for demand in status.resource_demands.ray_task_actor_demand:
+            for by_count in demand.bundles_by_count:
+                key = bundle_key(by_count.bundle)
+                out[key] = out.get(key, 0) + by_count.count
+        return out
+    except Exception:  # the view is best effort; deploying goes on without it
+        return None
 
 
 def _free_resources() -> dict[str, float]:
@@ -322,9 +360,12 @@ class ProgressView:
 
 def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
          deployed: bool = True) -> int:
-    """Delete the app (its requests in flight finish first), then, for a local run, Serve
-    and Ray. Names what it waits for past NOTE_EVERY_S; a local run gives up at
-    `timeout_s` and kills what is left. Returns the exit status."""
+    """Delete the app (its requests in flight finish first), then, for a local run, Ray
+    with Serve in it. Names what it waits for past NOTE_EVERY_S; a local run gives up at
+    `timeout_s` and kills what is left. Returns the exit status. Not `serve.shutdown()`
+    first: once the app is gone nothing of Serve's has work left, and its controller's
+    ending its own call printed Ray's "Task ServeController.graceful_shutdown failed"
+    lines on every stop; what Ray's ending leaves, `_end_leftovers` ends."""
     import ray
     from ray import serve
 
@@ -351,7 +392,6 @@ def stop(app_name: str, local: bool, timeout_s: float, stopper: Stopper,
             note_at = now + NOTE_EVERY_S
         time.sleep(0.1)
     if local:
-        serve.shutdown()
         ray.shutdown()
         _end_leftovers(stopper)
     return 0

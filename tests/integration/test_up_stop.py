@@ -226,6 +226,11 @@ def test_up_starts_cleanly_says_where_it_serves_and_ctrl_c_lets_a_request_finish
     text = up.text()  # it waited for the request, and did not give up on it
     assert text.index("stopping: deleting the app") < text.index("still stopping after")
     assert "gave up" not in text, text[-3000:]
+    # a stop as quiet as the start: no error of Ray's about the calls its ending cut short
+    stopping = text[text.index("stopping: deleting the app"):]
+    noise = [line for line in stopping.splitlines()
+             if re.search(r"\bfailed\b|\bERROR\b|\bWARN(ING)?\b|Traceback", line)]
+    assert not noise, noise
     assert not runs.processes_of(run.run_id), "nothing of the run outlives it"
     assert not runs.runs(), "a run that ended is forgotten"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from raybatch.startup import ProgressView, why_pending
+from raybatch.startup import ProgressView, bundle_key, why_pending
 
 
 class Tty(io.StringIO):
@@ -23,6 +23,32 @@ def test_why_an_actor_is_pending():
     batcher = {"label": "BatcherActor", "pid": 0, "resources": {}}
     assert why_pending(batcher, {}) == "starting a process"
     assert why_pending({**batcher, "pid": 7}, {}) == "initialising"
+
+
+def test_an_actor_waits_for_resources_only_where_ray_holds_its_ask_queued():
+    """Ray takes an actor's resources before it starts its process: on 2 CPUs, with every
+    actor's lease granted and their processes starting, free is below what each asks, yet
+    none waits for resources. Ray's queue (its pending demands) tells which one does."""
+    replica = {"label": "ModelReplica", "pid": 0, "resources": {"CPU": 0.5}}
+    free = {"CPU": 0.45}
+    assert why_pending(replica, free).startswith("waiting for resources")  # Ray said nothing
+    assert why_pending(replica, free, {}) == "starting a process (CPU 0.5)"
+    waiting = {bundle_key({"CPU": 0.5}): 1}
+    assert why_pending(replica, free, waiting) == \
+        "waiting for resources: asks CPU 0.5, free CPU 0.45"
+    # one queued bundle of that shape: the next actor asking the same is starting, not waiting
+    assert why_pending(replica, free, waiting).startswith("starting a process")
+    # queued though the free reading (taken at another moment) would cover it: still waiting
+    assert why_pending(replica, {"CPU": 2}, {bundle_key({"CPU": 0.5}): 1}) == \
+        "waiting for resources: asks CPU 0.5, free CPU 2"
+    # an actor a process runs holds its resources: it takes no queued bundle of its shape
+    waiting = {bundle_key({"CPU": 0.5}): 1}
+    assert why_pending({**replica, "pid": 9}, free, waiting).startswith("initialising")
+    assert why_pending(replica, free, waiting).startswith("waiting for resources")
+    batcher = {"label": "BatcherActor", "pid": 0, "resources": {}}
+    assert why_pending(batcher, {}, {(): 3}) == "starting a process"  # asks nothing: never
+    assert bundle_key({"memory": 5.0, "GPU": 1, "CPU": 0.0, "numa0": 2}) == \
+        (("GPU", 1.0), ("numa0", 2.0))
 
 
 def test_a_terminal_is_redrawn_in_place_and_a_pipe_gets_each_change_once():
