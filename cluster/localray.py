@@ -15,13 +15,22 @@ died): each try runs with a mark of its own in the environment, which every proc
 starts inherits, orphans included, and the processes that carry it are ended before the
 next try. `ray.shutdown()` cannot do that: a node that failed to start was never handed
 to the driver.
+
+Its dashboard agent's HTTP port is chosen by the OS, not Ray's fixed 52365: on a machine
+where another Ray runs (a second `raybatch up`, a notebook's `LocalApp` beside the test
+session's Ray), the agent found that port taken, tried it six times over ~3 s, and went on
+without it; the raylet waits on the agent, so every such start took ~3 s longer and came
+that much nearer the raylet's 15 s. `ray.init` takes no option for that port, so the one
+place Ray builds the node's parameters is given it (`agent_port_from_os`); a local node
+starts without the dashboard, the one user of that port.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 TRIES = 3
@@ -45,7 +54,8 @@ def start_local(init: Callable[..., Any], *, tries: int = TRIES,
         old = os.environ.get(MARK_ENV)
         os.environ[MARK_ENV] = mark
         try:
-            return init(**options)
+            with agent_port_from_os():
+                return init(**options)
         except Exception as e:
             if TIMED_OUT not in str(e) or n == tries or not again():
                 raise
@@ -60,6 +70,30 @@ def start_local(init: Callable[..., Any], *, tries: int = TRIES,
         end_marked(mark)
         if ended is not None:
             ended()
+
+
+@contextmanager
+def agent_port_from_os() -> Iterator[None]:
+    """While it is open, a node Ray builds in this process (`ray.init` of a new local node)
+    has its dashboard agent listen on a port the OS chooses (0) instead of Ray's fixed
+    default; a port given explicitly is kept."""
+    from ray._private import parameter, ray_constants
+
+    fixed = parameter.RayParams
+
+    class RayParams(fixed):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if (self.dashboard_agent_listen_port
+                    == ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT
+                    and "dashboard_agent_listen_port" not in kwargs):
+                self.dashboard_agent_listen_port = 0
+
+    parameter.RayParams = RayParams
+    try:
+        yield
+    finally:
+        parameter.RayParams = fixed
 
 
 def processes_with(name: str, value: str) -> list[Any]:

@@ -103,3 +103,33 @@ def test_the_last_timeout_and_any_other_error_are_raised_at_once(tmp_path, quiet
                 orphan.kill()
             except psutil.Error:
                 pass
+
+
+def test_a_local_node_asks_the_os_for_its_dashboard_agents_port():
+    """Ray builds a node's parameters in the one class `start_local` hands it: inside,
+    the agent's fixed default port becomes 0 (the OS chooses), an explicit one is kept;
+    after it, or after a failed try, Ray's own class is back."""
+    from ray._private import parameter, ray_constants
+
+    fixed = parameter.RayParams
+    built: list = []
+
+    def init(**options):  # ray.init builds the node's parameters as below
+        built.append(parameter.RayParams(num_cpus=options["num_cpus"]))
+        built.append(parameter.RayParams(dashboard_agent_listen_port=40123))
+        return built
+
+    localray.start_local(init, say=lambda what: None, num_cpus=2)
+    assert built[0].dashboard_agent_listen_port == 0 and built[0].num_cpus == 2
+    assert built[1].dashboard_agent_listen_port == 40123
+    assert parameter.RayParams is fixed
+    assert fixed().dashboard_agent_listen_port == \
+        ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT
+
+    def fails(**options):
+        parameter.RayParams()
+        raise ValueError("bad num_cpus")
+
+    with pytest.raises(ValueError, match="bad num_cpus"):
+        localray.start_local(fails, say=lambda what: None)
+    assert parameter.RayParams is fixed
