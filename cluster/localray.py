@@ -18,11 +18,12 @@ to the driver.
 
 Its dashboard agent's HTTP port is chosen by the OS, not Ray's fixed 52365: on a machine
 where another Ray runs (a second `raybatch up`, a notebook's `LocalApp` beside the test
-session's Ray), the agent found that port taken, tried it six times over ~3 s, and went on
-without it; the raylet waits on the agent, so every such start took ~3 s longer and came
-that much nearer the raylet's 15 s. `ray.init` takes no option for that port, so the one
-place Ray builds the node's parameters is given it (`agent_port_from_os`); a local node
-starts without the dashboard, the one user of that port.
+session's Ray), the agent found that port taken, tried it six times, and went on without
+it; the raylet waits on the agent, so every such start took those retries longer and came
+that much nearer the raylet's 15 s (docs/development.md has the figures). `ray.init`
+takes no option for that port, so the one place Ray builds the node's parameters is given
+it (`agent_port_from_os`); a local node starts without the dashboard, the one user of that
+port.
 """
 
 from __future__ import annotations
