@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
+from cluster.demands import bundle_key, waiting_demands
 from raybatch import runs
 
 POLL_S = 0.5
@@ -292,29 +293,6 @@ def why_pending(actor: dict[str, Any], free: dict[str, float],
 
 def _fmt(resources: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())) or "nothing"
-
-
-def bundle_key(resources: dict[str, float]) -> tuple:
-    """A resource bundle as a key: its resources but memory, each once, sorted."""
-    return tuple(sorted((k, float(v)) for k, v in resources.items() if v and k != "memory"))
-
-
-def waiting_demands() -> dict[tuple, int] | None:
-    """The resource bundles Ray's nodes hold queued because no node has them free (what
-    `ray status` lists as demands), with how many of each; None where Ray does not say."""
-    try:
-        import ray
-        from ray.autoscaler.v2.sdk import get_cluster_status
-
-        status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=2)
-        out: dict[tuple, int] = {}
-        for demand in status.resource_demands.ray_task_actor_demand:
-            for by_count in demand.bundles_by_count:
-                key = bundle_key(by_count.bundle)
-                out[key] = out.get(key, 0) + by_count.count
-        return out
-    except Exception:  # the view is best effort; deploying goes on without it
-        return None
 
 
 def _free_resources() -> dict[str, float]:

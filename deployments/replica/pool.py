@@ -30,6 +30,7 @@ import ray
 
 from batching.loop import LoopHost, detached_task
 from cluster.config import ModelConfig
+from cluster.demands import queued_for, waiting_demands
 from cluster.modelpath import PYTHON_PATH_ENV
 from deployments.metrics import PoolSnapshot
 from deployments.replica.actor import ModelReplica, ReplicaSetupError, reads_ahead
@@ -154,7 +155,7 @@ class ReplicaPool:
                     info = ready.result()
                     self._check_ready(index, client, info)
                     break
-                self._report_pending(index, client)
+                await self._report_pending(index, client)
         except Exception as e:
             log.error("replica-%d of %s failed to start: %s", index, self.config.name, e)
             raise
@@ -165,13 +166,20 @@ class ReplicaPool:
             seed(info.get("warmup_batches", ()))
         self.host.add_replica(client)
 
-    def _report_pending(self, index: int, client: ReplicaClient) -> None:
-        """Warn about a replica that is not placed (normal while an autoscaler adds a node;
-        silent pending is not); one that is placed and still building its model is not a
-        problem to warn about (a slow setup on a busy machine): that is logged at INFO."""
+    async def _report_pending(self, index: int, client: ReplicaClient) -> None:
+        """Warn about a replica that waits for resources (normal while an autoscaler adds a
+        node; silent pending is not). One whose process is starting (Ray took its resources
+        and starts its worker: slow on a busy machine) or that is building its model is not
+        a problem to warn about: that is logged at INFO. Only Ray's queue of waiting
+        demands tells a queued actor from a starting one (`cluster.demands`)."""
         if client.placed():
             log.info("%s replica-%d is placed and still starting after %.0f s",
                      self.config.name, index, PENDING_WARN_S)
+            return
+        waiting = await asyncio.to_thread(waiting_demands)  # a GCS call: not on the loop
+        if not queued_for(self._demand(), waiting):
+            log.info("%s replica-%d has its resources and its process is still starting "
+                     "after %.0f s", self.config.name, index, PENDING_WARN_S)
             return
         log.warning("%s replica-%d is not placed after %.0f s: it asks for %s; the cluster "
                     "has %s free. Lower replicas.num_cpus/num_gpus or add nodes.",

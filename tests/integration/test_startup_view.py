@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from raybatch.startup import pending_actors, waiting_demands, why_pending
+from cluster.demands import queued_for, waiting_demands
+from raybatch.startup import pending_actors, why_pending
 from tests.conftest import HANG_S, wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,6 +55,10 @@ def test_only_the_actor_ray_holds_queued_is_said_to_wait_for_resources(ray_addre
                    timeout_s=HANG_S, what="two actors initialising and a third queued")
         out, expected = view()
         assert out == expected, out  # and it stays so while the gate is closed
+        # what a replica pool asks of the same queue before it warns (`cluster.demands`)
+        waiting = waiting_demands()
+        assert queued_for({"CPU": ask}, waiting), waiting
+        assert not queued_for({"CPU": round(ask + 0.05, 2)}, waiting), waiting
     finally:
         gate.unlink()
         for actor in actors:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 
-from raybatch.startup import ProgressView, bundle_key, why_pending
+from cluster.demands import bundle_key
+from raybatch.startup import ProgressView, why_pending
 
 
 class Tty(io.StringIO):
@@ -47,8 +48,6 @@ def test_an_actor_waits_for_resources_only_where_ray_holds_its_ask_queued():
     assert why_pending(replica, free, waiting).startswith("waiting for resources")
     batcher = {"label": "BatcherActor", "pid": 0, "resources": {}}
     assert why_pending(batcher, {}, {(): 3}) == "starting a process"  # asks nothing: never
-    assert bundle_key({"memory": 5.0, "GPU": 1, "CPU": 0.0, "numa0": 2}) == \
-        (("GPU", 1.0), ("numa0", 2.0))
 
 
 def test_a_terminal_is_redrawn_in_place_and_a_pipe_gets_each_change_once():
