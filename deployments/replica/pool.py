@@ -172,11 +172,11 @@ class ReplicaPool:
         and starts its worker: slow on a busy machine) or that is building its model is not
         a problem to warn about: that is logged at INFO. Only Ray's queue of waiting
         demands tells a queued actor from a starting one (`cluster.demands`)."""
-        if client.placed():
+        if await asyncio.to_thread(client.placed):  # GCS calls: not on the engine's loop
             log.info("%s replica-%d is placed and still starting after %.0f s",
                      self.config.name, index, PENDING_WARN_S)
             return
-        waiting = await asyncio.to_thread(waiting_demands)  # a GCS call: not on the loop
+        waiting = await asyncio.to_thread(waiting_demands)
         if not queued_for(self._demand(), waiting):
             log.info("%s replica-%d has its resources and its process is still starting "
                      "after %.0f s", self.config.name, index, PENDING_WARN_S)
