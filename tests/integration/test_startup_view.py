@@ -63,3 +63,20 @@ def test_only_the_actor_ray_holds_queued_is_said_to_wait_for_resources(ray_addre
         gate.unlink()
         for actor in actors:
             ray.kill(actor)
+
+
+def test_an_actor_no_node_can_place_is_queued_for_what_it_asks(ray_address):
+    """What makes a replica pool warn (`cluster.demands.queued_for`): an ask no node has,
+    more CPUs than any node or a resource no node advertises, is in Ray's queue."""
+    import ray
+
+    cls = ray.remote(HeldStart)
+    asks = [{"CPU": 0.1, "raybatch_nowhere": 1.0}, {"CPU": 1000.0}]
+    actors = [cls.options(num_cpus=0.1, resources={"raybatch_nowhere": 1}).remote(""),
+              cls.options(num_cpus=1000).remote("")]
+    try:
+        wait_until(lambda: all(queued_for(a, waiting_demands()) for a in asks),
+                   timeout_s=HANG_S, what="both asks in Ray's queue of waiting demands")
+    finally:
+        for actor in actors:
+            ray.kill(actor)
