@@ -22,12 +22,13 @@ import pytest
 
 from batching.errors import UnknownSequence
 from deployments.ingress.client import RaybatchClient
-from tests.conftest import alive_pids, arun, wait_until
+from tests.conftest import HANG_S, alive_pids, arun, wait_until
 
 pytestmark = pytest.mark.integration
 
 MODEL = "slowsquare-local"
 SEQ = "accumulator-local"
+SEQ_IDLE = "accumulator-local-idle"  # the same, its sequences ended after 0.5 s idle
 LM = "tinylm-local"
 
 
@@ -79,10 +80,10 @@ def test_a_bad_request_is_a_400_and_a_bad_bundle_entry_fails_alone(app):
     assert "priority=9" in str(by_key[1][1])
 
 
-def _infer_seq(url: str, value: int, **params) -> tuple[int, dict]:
+def _infer_seq(url: str, value: int, model: str = SEQ, **params) -> tuple[int, dict]:
     body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1],
                         "data": [value]}], "parameters": params}
-    r = httpx.post(f"{url}/v2/models/{SEQ}/infer", json=body, timeout=30)
+    r = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
     return r.status_code, r.json()
 
 
@@ -124,10 +125,11 @@ def test_sequences_in_the_ingress_keep_their_state_on_every_way_in(app):
 
 
 def test_an_idle_sequence_in_the_ingress_is_released(app):
-    assert _infer_seq(app.base_url, 1, sequence_id="idle-local", sequence_start=True)[0] == 200
-    wait_until(lambda: app.stats(SEQ)["live_sequences"] == 0, timeout_s=15,
+    assert _infer_seq(app.base_url, 1, sequence_id="idle-local", sequence_start=True,
+                      model=SEQ_IDLE)[0] == 200
+    wait_until(lambda: app.stats(SEQ_IDLE)["live_sequences"] == 0, timeout_s=HANG_S,
                what="the idle sequence to be released")
-    status, body = _infer_seq(app.base_url, 1, sequence_id="idle-local")
+    status, body = _infer_seq(app.base_url, 1, sequence_id="idle-local", model=SEQ_IDLE)
     assert status == 400 and "idle-local" in body["error"]
 
 
