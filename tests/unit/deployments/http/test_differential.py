@@ -16,19 +16,24 @@ in examples of `BATCH`, each stream on a connection of its own, all sent before 
 is read (the server frames them side by side): its cost per example is shared. No shrinking
 (a batch of 25 shrinks slowly): a failure names the one stream that failed, as sent.
 
-Drawing is most of the cost (35 s of 40 for 10,000 streams), so the streams are drawn once
-and kept in the cache (`$RAYBATCH_CACHE_DIR`, else `$XDG_CACHE_HOME/raybatch`, else
-`~/.cache/raybatch`) under a key of this file's bytes, Hypothesis' version, the count and
-Python's version: a change to any of them draws again, and so does a damaged or missing
-file (a checksum says). The seed fixes what Hypothesis draws for a given set of loaded
-modules (it mixes in constants of the product's modules imported when it draws), so the
-cache also keeps the streams the same from one run to the next, whatever else the run
-imported.
+Drawing is most of the cost, so the default streams are drawn once and shipped with the
+tests (`tests/data/h11-differential-streams.xz`, under a key of the parts and strategies
+below, the count, batch and seed): a fresh machine, as CI's always is, reads them instead
+of drawing. A change to the parts or strategies makes the shipped file stale: a test says
+so and how to draw it again (`python -m tests.unit.deployments.http.test_differential`),
+and until then the streams are drawn and kept in the cache (`$RAYBATCH_CACHE_DIR`, else
+`$XDG_CACHE_HOME/raybatch`, else `~/.cache/raybatch`) under a key of this file's bytes,
+Hypothesis' version, the count and Python's version; so are other counts
+(`RAYBATCH_FUZZ_STREAMS`). A damaged file is drawn again (a checksum says). The seed fixes
+what Hypothesis draws for a given set of loaded modules (it mixes in constants of the
+modules imported when it draws), so the shipped file also keeps the streams the same from
+one run and one machine to the next, whatever else the run imported.
 """
 
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import re
 import socket
@@ -280,9 +285,43 @@ def _decode(blob: bytes) -> list[list[bytes]]:
     return batches
 
 
+SHIPPED = Path(__file__).resolve().parents[3] / "data" / "h11-differential-streams.xz"
+
+
+def _strategies_key() -> bytes:
+    """What decides the streams: the source of the parts and strategies above (from METHODS
+    to the reference framer), the count, batch and seed."""
+    source = Path(__file__).read_bytes().split(b"\nMETHODS = ", 1)[1]
+    return hashlib.sha256(b"\0".join([source.split(b"\ndef h11_frames(", 1)[0],
+                                      b"%d %d %d" % (STREAMS, BATCH, SEED)])).digest()
+
+
+def _shipped() -> tuple[bytes, list[list[bytes]]]:
+    """The shipped file's key and batches; OSError or ValueError if it is missing or damaged."""
+    try:
+        blob = lzma.decompress(SHIPPED.read_bytes())
+    except lzma.LZMAError as e:
+        raise ValueError(f"{SHIPPED} is not an xz file: {e}") from e
+    return blob[:32], _decode(blob[32:])
+
+
+def write_shipped() -> Path:
+    """Draw the default streams and write them where the tests look first."""
+    SHIPPED.write_bytes(lzma.compress(_strategies_key() + _encode(draw_batches()),
+                                      preset=9 | lzma.PRESET_EXTREME))
+    return SHIPPED
+
+
 def drawn_batches() -> list[list[bytes]]:
-    """`draw_batches()`, from the cache when it holds them for this file (else drawn, and
-    stored for the next run: written to a temporary name, then renamed)."""
+    """`draw_batches()`: the shipped streams when they are these strategies' (else from the
+    cache when it holds them for this file, else drawn, and stored for the next run: written
+    to a temporary name, then renamed)."""
+    try:
+        key, batches = _shipped()
+        if key == _strategies_key():
+            return batches
+    except (OSError, ValueError, struct.error):
+        pass  # missing or damaged: the test that checks it says so
     path = _cache_path()
     try:
         return _decode(path.read_bytes())
@@ -304,7 +343,7 @@ def drawn_batches() -> list[list[bytes]]:
 def test_the_stream_cache_gives_back_what_was_drawn(tmp_path, monkeypatch):
     """The cache's format round-trips, a damaged file is drawn again, and what comes back is
     what Hypothesis draws for the seed (a few examples' worth)."""
-    monkeypatch.setattr(sys.modules[__name__], "STREAMS", 3 * BATCH)
+    monkeypatch.setattr(sys.modules[__name__], "STREAMS", 3 * BATCH)  # not the shipped key
     monkeypatch.setenv("RAYBATCH_CACHE_DIR", str(tmp_path))
     drawn = draw_batches()
     assert len(drawn) == 3 and all(len(b) == BATCH for b in drawn)
@@ -315,6 +354,22 @@ def test_the_stream_cache_gives_back_what_was_drawn(tmp_path, monkeypatch):
     assert _decode(blob) == drawn
     path.write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))  # damaged: drawn again, rewritten
     assert drawn_batches() == drawn and path.read_bytes() == blob
+
+
+def test_the_shipped_streams_are_these_strategies_own():
+    """The shipped file is whole and was drawn by the parts and strategies above: else a
+    fresh machine draws for a minute each run (and the streams depend on what it imported)."""
+    key, batches = _shipped()
+    assert sum(map(len, batches)) == 10_000 and all(len(b) == BATCH for b in batches)
+    assert key == _strategies_key() or STREAMS != 10_000, (
+        f"{SHIPPED} was drawn by other parts or strategies than this file's: draw it again "
+        "with `.venv/bin/python -m tests.unit.deployments.http.test_differential` and commit it")
+
+
+def test_the_shipped_file_is_read_without_drawing(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "draw_batches", lambda: pytest.fail("drew"))
+    if STREAMS == 10_000:
+        assert drawn_batches() == _shipped()[1]
 
 
 @pytest.fixture(scope="module")
@@ -364,3 +419,7 @@ def check(data: bytes, got) -> None:
     assert len(framed) == len(reference) or refused, \
         f"answered {len(framed)} of the {len(reference)} requests h11 frames, refused none: " \
         f"{data!r}"
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_shipped()}")
