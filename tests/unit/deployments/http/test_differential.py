@@ -50,7 +50,8 @@ from hypothesis import strategies as st
 
 from tests.unit.deployments.http.wire import ServerThread, exchange
 
-STREAMS = int(os.environ.get("RAYBATCH_FUZZ_STREAMS", "10000"))
+SHIPPED_STREAMS = 10_000  # the default count, the one shipped with the tests
+STREAMS = int(os.environ.get("RAYBATCH_FUZZ_STREAMS", str(SHIPPED_STREAMS)))
 
 METHODS = ([b"GET", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"],
            [b"get", b"G\x00T", b"", b"G(T"])
@@ -307,6 +308,9 @@ def _shipped() -> tuple[bytes, list[list[bytes]]]:
 
 def write_shipped() -> Path:
     """Draw the default streams and write them where the tests look first."""
+    if STREAMS != SHIPPED_STREAMS:
+        raise SystemExit(f"RAYBATCH_FUZZ_STREAMS is {STREAMS}: the shipped file holds the "
+                         f"default {SHIPPED_STREAMS}; unset it to draw that file again")
     SHIPPED.write_bytes(lzma.compress(_strategies_key() + _encode(draw_batches()),
                                       preset=9 | lzma.PRESET_EXTREME))
     return SHIPPED
@@ -360,15 +364,15 @@ def test_the_shipped_streams_are_these_strategies_own():
     """The shipped file is whole and was drawn by the parts and strategies above: else a
     fresh machine draws for a minute each run (and the streams depend on what it imported)."""
     key, batches = _shipped()
-    assert sum(map(len, batches)) == 10_000 and all(len(b) == BATCH for b in batches)
-    assert key == _strategies_key() or STREAMS != 10_000, (
+    assert sum(map(len, batches)) == SHIPPED_STREAMS and all(len(b) == BATCH for b in batches)
+    assert key == _strategies_key() or STREAMS != SHIPPED_STREAMS, (
         f"{SHIPPED} was drawn by other parts or strategies than this file's: draw it again "
         "with `.venv/bin/python -m tests.unit.deployments.http.test_differential` and commit it")
 
 
 def test_the_shipped_file_is_read_without_drawing(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "draw_batches", lambda: pytest.fail("drew"))
-    if STREAMS == 10_000:
+    if STREAMS == SHIPPED_STREAMS:
         assert drawn_batches() == _shipped()[1]
 
 
