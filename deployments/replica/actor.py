@@ -36,6 +36,9 @@ A replica that cannot build its model or whose model does not fit its tensors do
 not raise from its constructor (Ray would bury the message in a traceback): it
 reports the error in `info()`, and the pool fails the deployment with it, before
 any traffic. Time to ready (setup, warm-up) is reported in `info()` and logged.
+When an engine's connection to it ends, a replica asks Ray's GCS whether its actor is still
+wanted and ends its own process once the GCS holds it DEAD: a process cut off or stopped
+while Ray killed it may live on after Ray gave it up (`deployments.replica.wanted`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from cluster.pinning import ReplicaPlacement, pin_replica, torch_threads
 from deployments.heap import freeze_startup_heap
 from deployments.metrics import ReplicaMetrics
 from deployments.replica.link_server import ThreadedLinkServer
+from deployments.replica.wanted import WantedCheck, actor_is_dead
 from deployments.replica.warmup import warm_up
 from deployments.wire.dialer import listen_host
 from deployments.wire.keepalive import Keepalive
@@ -105,6 +109,7 @@ class ModelReplica:
         self._device = (ThreadPoolExecutor(1, thread_name_prefix="model")
                         if reads_ahead(type(self), self.config, in_process) else None)
         self._link: ThreadedLinkServer | None = None  # the engine's connection, once asked
+        self._wanted_check: WantedCheck | None = None  # asks the GCS once an engine goes
         self._one_batch = threading.Lock()  # without a device thread: see `run`
         try:
             self._on_device(self._build, started)
@@ -170,8 +175,30 @@ class ModelReplica:
         if self._link is None:
             workers = self.config.replicas.max_inflight_batches if self._device else 1
             self._link = ThreadedLinkServer(self.run, workers, initializer=self._pin_thread,
-                                            keepalive=Keepalive.of(self.config.replicas))
+                                            keepalive=Keepalive.of(self.config.replicas),
+                                            on_ended=self._wanted())
         return self._link.address(listen_host(caller_node))
+
+    def _wanted(self) -> Callable[[], None] | None:
+        """What runs once an engine's connection ends: leave if Ray has given this actor
+        up (`deployments.replica.wanted`); nothing outside a Ray actor."""
+        actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+        if actor_id is None:
+            return None
+        self._wanted_check = WantedCheck(lambda: actor_is_dead(actor_id),
+                                         lambda: bool(self._link and self._link.connections),
+                                         self._leave)
+        return self._wanted_check.connection_ended
+
+    def _leave(self, why: str) -> None:
+        """End this process: Ray has given its actor up, and no engine is connected."""
+        log.warning("%s replica-%d (pid %d) ends itself: %s", self.config.name, self.index,
+                    os.getpid(), why)
+        if self._link is not None:
+            self._link.close()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(0)
 
     def _pin_thread(self) -> None:
         """Pin a thread of this replica's own making where the replica is pinned (affinity
@@ -191,6 +218,8 @@ class ModelReplica:
             # batches taken on the engine's direct connection (replicas.link)
             "link_batches": self._link.calls if self._link is not None else 0,
             "link_hosts": sorted(self._link.listeners) if self._link is not None else [],
+            # times it asked the GCS whether it is still wanted, after an engine went
+            "wanted_asks": self._wanted_check.asked if self._wanted_check is not None else 0,
             **self.ready,
             "pid": os.getpid(),
             "node_id": self._node_id,

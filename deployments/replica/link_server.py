@@ -182,12 +182,16 @@ class ThreadedLinkServer:
     `fn(*args)` for each INFER frame and answers it. `workers`: call slots; with one, each
     batch runs on its connection's reader thread, one at a time, in order; with more, on
     a pool of that many threads while the reader reads ahead. `initializer` runs first on
-    every thread that runs calls (a replica pins them to its cores)."""
+    every thread that runs calls (a replica pins them to its cores). `on_ended` runs when
+    a caller's connection that sent the token ends while the server is open (a replica
+    then asks whether it is still wanted: `deployments.replica.wanted`)."""
 
     def __init__(self, fn: Callable[..., Any], workers: int,
                  initializer: Callable[[], None] | None = None,
-                 keepalive: Keepalive = DEFAULT) -> None:
+                 keepalive: Keepalive = DEFAULT,
+                 on_ended: Callable[[], None] | None = None) -> None:
         self.fn, self.initializer, self.keepalive = fn, initializer, keepalive
+        self.on_ended = on_ended
         self.calls = 0  # calls served
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.pool = (ThreadPoolExecutor(workers, thread_name_prefix="link-call",
@@ -250,10 +254,12 @@ class ThreadedLinkServer:
                              daemon=True).start()
 
     def _serve(self, conn: _Served) -> None:
+        caller = False  # sent the token: an engine, not a stray or hostile connection
         try:
             if self.initializer is not None and self.pool is None:
                 self.initializer()  # this thread runs the batches
             if conn.token_ok():
+                caller = True
                 conn.serve()
         except _Gone:
             pass
@@ -263,6 +269,8 @@ class ThreadedLinkServer:
             conn.close()
             with self.lock:
                 self.connections.discard(conn)
+            if caller and self.on_ended is not None and not self.closed.is_set():
+                self.on_ended()
 
     def _pulses(self) -> None:
         while not self.closed.wait(self.keepalive.ping_s / 2):
