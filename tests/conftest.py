@@ -253,6 +253,15 @@ def alive_pids(prefix: str, suffix: str = "") -> list[int]:
             and a["Name"].startswith(prefix) and a["Name"].endswith(suffix)]
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of process `pid` (Linux /proc)."""
     with open(f"/proc/{pid}/status") as f:

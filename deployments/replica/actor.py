@@ -174,21 +174,16 @@ class ModelReplica:
             raise RuntimeError("only a dynamic model's replica actor takes batches on a link")
         if self._link is None:
             workers = self.config.replicas.max_inflight_batches if self._device else 1
-            self._link = ThreadedLinkServer(self.run, workers, initializer=self._pin_thread,
-                                            keepalive=Keepalive.of(self.config.replicas),
-                                            on_ended=self._wanted())
+            actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+            if actor_id is not None:  # once an engine goes: leave if Ray has given it up
+                self._wanted_check = WantedCheck(lambda: actor_is_dead(actor_id),
+                                                 lambda: bool(self._link.connections),
+                                                 self._leave)
+            self._link = ThreadedLinkServer(
+                self.run, workers, initializer=self._pin_thread,
+                keepalive=Keepalive.of(self.config.replicas),
+                on_ended=self._wanted_check.connection_ended if self._wanted_check else None)
         return self._link.address(listen_host(caller_node))
-
-    def _wanted(self) -> Callable[[], None] | None:
-        """What runs once an engine's connection ends: leave if Ray has given this actor
-        up (`deployments.replica.wanted`); nothing outside a Ray actor."""
-        actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-        if actor_id is None:
-            return None
-        self._wanted_check = WantedCheck(lambda: actor_is_dead(actor_id),
-                                         lambda: bool(self._link and self._link.connections),
-                                         self._leave)
-        return self._wanted_check.connection_ended
 
     def _leave(self, why: str) -> None:
         """End this process: Ray has given its actor up, and no engine is connected."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cluster.lab import HEAD_IP, HEAD_RAY_TMP, Lab, leftovers
-from tests.conftest import HANG_S, ROOT
+from tests.conftest import HANG_S, ROOT, alive
 
 # the lab's Ray head may take three tries to start on a busy machine, up to 120 s each
 # (`Lab.start_head`): the suite's 300 s guard against a hang would end the test first
@@ -85,15 +85,6 @@ def connect(address: str, timeout_s: float = 5.0) -> tuple[socket.socket, str]:
     while not greeting.endswith(b"\n"):
         greeting += conn.recv(100)
     return conn, greeting.decode().strip()
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 class TestTwoHosts:

@@ -29,7 +29,7 @@ import pytest
 
 from batching.errors import Overloaded, RaybatchError, http_status
 from deployments.ingress.client import RaybatchClient
-from tests.conftest import HANG_S, arun, wait_until
+from tests.conftest import HANG_S, alive, arun, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -112,16 +112,8 @@ def test_a_silent_replica_costs_no_request_past_its_deadline_and_no_wrong_answer
     assert after["replica_deaths"] - before["replica_deaths"] == 1
     # stopped by the pool, or, where Ray's kill missed the stopped process, by itself once
     # resumed (`deployments.replica.wanted`): gone either way
-    wait_until(lambda: not running(victim["pid"]), 60, 0.2,
+    wait_until(lambda: not alive(victim["pid"]), 60, 0.2,
                f"the silent replica (pid {victim['pid']}) to end after its replacement")
-
-
-def running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_replica_whose_engine_went_stays_while_ray_wants_it(app):
@@ -155,7 +147,7 @@ def test_a_replica_whose_engine_went_stays_while_ray_wants_it(app):
                 sock.sendall(token)
             wait_until(lambda n=engine: asks() > n, HANG_S, 0.1,
                        "the replica to ask whether it is wanted")
-        assert running(info["pid"]) and not actor_is_dead(actor_id)
+        assert alive(info["pid"]) and not actor_is_dead(actor_id)
     finally:
         ray.kill(replica, no_restart=True)
     assert actor_is_dead(actor_id)
