@@ -90,7 +90,14 @@ def _join(name: str, before: frozenset = frozenset()) -> None:
     """Wait for the threads called `name` that were not running at `before`."""
     for t in threading.enumerate():
         if t.name == name and t not in before:
-            t.join(HANG_S)
+            for _ in range(int(HANG_S / 0.01)):
+                try:
+                    t.join(HANG_S)
+                    break
+                except RuntimeError:  # listed while its start() still runs: not joinable yet
+                    threading.Event().wait(0.01)
+            else:
+                raise AssertionError(f"thread {name} never started")
             assert not t.is_alive(), f"thread {name} still runs"
 
 
