@@ -173,13 +173,20 @@ def cluster_rooms() -> list[NodeRoom]:
     return node_rooms(ray.nodes(), available)
 
 
+def actor_record(actor_id: str) -> dict[str, Any]:
+    """The GCS's record of actor `actor_id` (hex): its "State", "Pid", "Address"...; {} once
+    the GCS no longer knows it. Raises where the table cannot be read. Ray's private state
+    API (no dashboard needed): read here only, so a Ray that moves it is mended here."""
+    from ray._private.state import actors
+
+    return actors(actor_id=actor_id)
+
+
 def actor_node(actor: Any) -> str | None:
     """The node id of an alive actor, from the GCS's actor table; None while it is not
     running yet (or cannot be told)."""
     try:
-        from ray._private.state import actors
-
-        info = actors(actor._actor_id.hex())
+        info = actor_record(actor._actor_id.hex())
     except Exception:  # a spread decision without it beats none
         return None
     if info.get("State") != "ALIVE":

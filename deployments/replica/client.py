@@ -19,6 +19,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 
 from batching.errors import BatchTimedOut
 from batching.loop import ReplicaDied, ReplicaHung
+from cluster.spread import actor_record
 from deployments.replica.inprocess import InProcessClient
 from deployments.wire.dialer import Dialer
 from deployments.wire.keepalive import DEFAULT, Keepalive
@@ -31,11 +32,9 @@ def _placed(actor: Any) -> bool:
     """Whether Ray has started `actor`'s process (its constructor may still run), from the
     GCS's actor table (no dashboard needed); False when that cannot be told."""
     try:
-        from ray._private.state import actors
-
         # A worker process runs its constructor: it has a pid (a pending one has 0; its
         # NodeID is already filled in, so that tells nothing).
-        return bool(actors(actor._actor_id.hex()).get("Pid"))
+        return bool(actor_record(actor._actor_id.hex()).get("Pid"))
     except Exception:  # a warning too many beats none
         return False
 

@@ -22,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from cluster.spread import actor_record
+
 log = logging.getLogger(__name__)
 
 # Seconds before each question to the GCS after a connection ended: a replica replaced by
@@ -77,7 +79,5 @@ class WantedCheck:
 
 def actor_is_dead(actor_id: str) -> bool:
     """Whether Ray's GCS holds actor `actor_id` (hex) DEAD (or no longer knows it)."""
-    from ray._private.state import actors
-
-    info = actors(actor_id=actor_id)
+    info = actor_record(actor_id)
     return not info or info.get("State") == "DEAD"

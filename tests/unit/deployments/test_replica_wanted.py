@@ -12,7 +12,7 @@ import threading
 
 from deployments.replica.link_server import ThreadedLinkServer
 from deployments.replica.wanted import WAITS_S, WantedCheck
-from tests.conftest import HANG_S
+from tests.conftest import HANG_S, wait_until
 
 
 class Gcs:
@@ -88,16 +88,16 @@ def test_one_round_at_a_time_however_many_connections_end():
 
 def _join(name: str, before: frozenset = frozenset()) -> None:
     """Wait for the threads called `name` that were not running at `before`."""
+    def joined(t: threading.Thread) -> bool:
+        try:
+            t.join(HANG_S)
+        except RuntimeError:  # listed while its start() still runs: not joinable yet
+            return False
+        return True
+
     for t in threading.enumerate():
         if t.name == name and t not in before:
-            for _ in range(int(HANG_S / 0.01)):
-                try:
-                    t.join(HANG_S)
-                    break
-                except RuntimeError:  # listed while its start() still runs: not joinable yet
-                    threading.Event().wait(0.01)
-            else:
-                raise AssertionError(f"thread {name} never started")
+            wait_until(lambda t=t: joined(t), HANG_S, 0.01, f"thread {name} to start")
             assert not t.is_alive(), f"thread {name} still runs"
 
 
@@ -136,10 +136,7 @@ def test_the_servers_own_close_does_not_start_the_asking():
     sock = socket.create_connection((host, port), timeout=HANG_S)
     try:
         sock.sendall(token)
-        for _ in range(int(HANG_S / 0.01)):  # accepted: a reader waits on it
-            if server.connections:
-                break
-            threading.Event().wait(0.01)
+        wait_until(lambda: server.connections, HANG_S, 0.01, "the server to accept")
         server.close()
         sock.settimeout(HANG_S)
         assert sock.recv(1) == b""  # the server ended it
